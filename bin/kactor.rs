@@ -1,0 +1,140 @@
+//! The `kactor` command line.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use kactor::emulator::{samples, Emulator};
+
+#[derive(Parser)]
+#[command(
+    name = "kactor",
+    version,
+    about = "Kubernetes operators in Rust, the Kopf way, on actors"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Log more (repeat for even more).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve an in-memory Kubernetes API server that kubectl, client libraries and operators can use.
+    Emulator {
+        /// The port to listen on (on 127.0.0.1); 0 picks a free one.
+        #[arg(long, default_value_t = 8001, env = "KACTOR_EMULATOR_PORT")]
+        port: u16,
+        /// The address to listen on.
+        #[arg(long, default_value = "127.0.0.1", env = "KACTOR_EMULATOR_HOST")]
+        host: std::net::IpAddr,
+        /// Where to write a kubeconfig for it.
+        #[arg(
+            long,
+            default_value = "emulator.kubeconfig",
+            env = "KACTOR_EMULATOR_KUBECONFIG"
+        )]
+        kubeconfig: PathBuf,
+        /// Start empty, without the sample `widgets.example.com` CRD and widget.
+        #[arg(long)]
+        empty: bool,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let level = match cli.verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| level.into()),
+        )
+        .init();
+    match cli.command {
+        Command::Emulator {
+            port,
+            host,
+            kubeconfig,
+            empty,
+        } => serve_emulator(port, host, kubeconfig, empty).await,
+    }
+}
+
+async fn serve_emulator(
+    port: u16,
+    host: std::net::IpAddr,
+    kubeconfig: PathBuf,
+    empty: bool,
+) -> anyhow::Result<()> {
+    let emulator = Emulator::builder()
+        .addr((host, port).into())
+        .start()
+        .await?;
+    emulator.write_kubeconfig(&kubeconfig)?;
+    if !empty {
+        seed(&emulator)
+            .await
+            .context("cannot create the sample widget")?;
+    }
+    let path = kubeconfig.canonicalize().unwrap_or(kubeconfig);
+    println!(
+        "kactor emulator: Kubernetes {} API at {}",
+        kactor::emulator::KUBERNETES_VERSION,
+        emulator.url()
+    );
+    println!("kubeconfig written to {}", path.display());
+    println!();
+    println!("Point kubectl at it:");
+    println!("  export KUBECONFIG={}", path.display());
+    if !empty {
+        println!("  kubectl get widgets                     # the sample custom resource");
+        println!("  kubectl patch widget demo --type=merge -p '{{\"spec\": {{\"size\": 5}}}}'");
+        println!("  kubectl get widgets -w                  # watch (Ctrl-C to stop)");
+    }
+    println!("  kubectl api-resources");
+    println!();
+    println!(
+        "Faults: POST {}/_emulator/faults/{{end-watches,compact,fail,latency,silence,reset}}",
+        emulator.url()
+    );
+    println!("Serving until Ctrl-C.");
+    tokio::signal::ctrl_c()
+        .await
+        .context("cannot wait for Ctrl-C")?;
+    emulator.shutdown();
+    println!("kactor emulator: stopped.");
+    Ok(())
+}
+
+/// Installs the sample CRD and one widget through the public API, as any client would.
+async fn seed(emulator: &Emulator) -> anyhow::Result<()> {
+    use kube::api::{Api, DynamicObject, PostParams};
+    use kube::discovery::ApiResource;
+    let crds: Api<DynamicObject> = Api::all_with(emulator.client(), &ApiResource::erase::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>(&()));
+    crds.create(
+        &PostParams::default(),
+        &serde_json::from_value(samples::widget_crd())?,
+    )
+    .await?;
+    let resource = ApiResource {
+        group: "example.com".into(),
+        version: "v1".into(),
+        api_version: "example.com/v1".into(),
+        kind: "Widget".into(),
+        plural: "widgets".into(),
+    };
+    let widgets: Api<DynamicObject> = Api::namespaced_with(emulator.client(), "default", &resource);
+    widgets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(samples::widget("demo", 3))?,
+        )
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,310 @@
+//! An in-memory Kubernetes API server, for tests, benchmarks and demos of kactor operators.
+//!
+//! It is a real HTTP/1.1 server speaking the Kubernetes REST API on a loopback port, with the semantics
+//! operators rely on: resourceVersions, generation, the status subresource, finalizers and
+//! `deletionTimestamp`, owner-reference garbage collection, watches with bookmarks and 410 Gone,
+//! label and field selectors, merge and JSON patches, conflicts, discovery, OpenAPI, and CRDs that
+//! serve their kinds at once. `kubectl`, the Python client and Kopf work against it unchanged.
+//!
+//! It is not a cluster: no controllers run (a Deployment makes no pods), there is no authentication or
+//! admission beyond validation, and strategic merge patch behaves as a merge patch.
+//!
+//! Start with [`Emulator::start`]; [`Faults`] injects failures; `store.rs` holds the write rules.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! use kactor_emulator::Emulator;
+//! let emulator = Emulator::start().await?;
+//! let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::default_namespaced(emulator.client());
+//! assert!(pods.list(&Default::default()).await?.items.is_empty());
+//! # Ok(()) }
+//! ```
+
+mod faults;
+mod openapi;
+mod patch;
+mod registry;
+pub mod samples;
+mod schema;
+mod selectors;
+mod server;
+mod status;
+mod store;
+mod table;
+mod validation;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+pub use faults::{Failure, Faults, Matcher};
+pub use server::KUBERNETES_VERSION;
+pub use status::{ApiError, Cause};
+
+/// Why the emulator could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The port could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The client for the emulator could not be built.
+    #[error("cannot build a Kubernetes client for the emulator: {0}")]
+    Client(#[from] kube::Error),
+    /// The kubeconfig could not be written.
+    #[error("cannot write the kubeconfig to {path}: {source}")]
+    Kubeconfig {
+        /// Where.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// The emulator's settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Where to listen; port 0 picks a free one. Default `127.0.0.1:0`.
+    pub addr: SocketAddr,
+    /// How often watches with `allowWatchBookmarks` get a BOOKMARK. Default 10 s (the API server
+    /// sends one about every minute; operators only need one within their inactivity timeout).
+    pub bookmark_interval: Duration,
+    /// How many events each kind keeps for watches and paginated lists; older positions get 410 Gone.
+    /// Default 10 000.
+    pub history_limit: usize,
+    /// The largest request body accepted; default 3 MiB, as the API server's limit.
+    pub max_body_bytes: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            bookmark_interval: Duration::from_secs(10),
+            history_limit: 10_000,
+            max_body_bytes: 3 * 1024 * 1024,
+        }
+    }
+}
+
+impl Settings {
+    pub(crate) fn address(&self) -> String {
+        self.addr.to_string()
+    }
+}
+
+/// Builds an emulator with other than the default settings.
+#[derive(Debug, Clone, Default)]
+pub struct EmulatorBuilder {
+    settings: Settings,
+}
+
+impl EmulatorBuilder {
+    /// Listen on this port of 127.0.0.1 (0: any free one).
+    pub fn port(mut self, port: u16) -> Self {
+        self.settings.addr.set_port(port);
+        self
+    }
+
+    /// Listen on this address.
+    pub fn addr(mut self, addr: SocketAddr) -> Self {
+        self.settings.addr = addr;
+        self
+    }
+
+    /// Send watch bookmarks this often.
+    pub fn bookmark_interval(mut self, interval: Duration) -> Self {
+        self.settings.bookmark_interval = interval;
+        self
+    }
+
+    /// Keep this many events per kind.
+    pub fn history_limit(mut self, events: usize) -> Self {
+        self.settings.history_limit = events;
+        self
+    }
+
+    /// Starts serving.
+    pub async fn start(self) -> Result<Emulator, Error> {
+        Emulator::with_settings(self.settings).await
+    }
+}
+
+/// A running emulator. Dropping it stops the server and ends every connection.
+pub struct Emulator {
+    shared: Arc<server::Shared>,
+    addr: SocketAddr,
+    url: String,
+    client: kube::Client,
+    shutdown: watch::Sender<bool>,
+}
+
+impl std::fmt::Debug for Emulator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Emulator")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Emulator {
+    /// Starts an emulator with the default settings on a free loopback port.
+    pub async fn start() -> Result<Emulator, Error> {
+        Self::with_settings(Settings::default()).await
+    }
+
+    /// A builder for other settings.
+    pub fn builder() -> EmulatorBuilder {
+        EmulatorBuilder::default()
+    }
+
+    /// Starts an emulator with these settings.
+    pub async fn with_settings(settings: Settings) -> Result<Emulator, Error> {
+        let listener = TcpListener::bind(settings.addr)
+            .await
+            .map_err(|source| Error::Bind {
+                addr: settings.addr,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| Error::Bind {
+            addr: settings.addr,
+            source,
+        })?;
+        let url = format!("http://{addr}");
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let state = Arc::new(Mutex::new(store::State::new(settings.history_limit)));
+        let faults = Faults::new(state.clone());
+        let settings = Settings { addr, ..settings };
+        let shared = Arc::new(server::Shared {
+            state,
+            faults,
+            settings,
+            shutdown: shutdown_rx,
+        });
+        tokio::spawn(server::serve(listener, shared.clone()));
+        // A URL made of "http://" and a socket address always parses.
+        let uri: hyper::Uri = url.parse().expect("http://<socket address> is a valid URI");
+        let client = kube::Client::try_from(kube::Config::new(uri))?;
+        Ok(Emulator {
+            shared,
+            addr,
+            url,
+            client,
+            shutdown,
+        })
+    }
+
+    /// The base URL, `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A client for it (cheap to clone; default namespace `default`).
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
+    /// The fault controls.
+    pub fn faults(&self) -> &Faults {
+        &self.shared.faults
+    }
+
+    /// The newest resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.shared.state().rv()
+    }
+
+    /// How many objects are stored, of every kind.
+    pub fn object_count(&self) -> usize {
+        self.shared.state().object_count()
+    }
+
+    /// A kubeconfig for it: cluster, user and context `kactor-emulator`, namespace `default`.
+    pub fn kubeconfig(&self) -> kube::config::Kubeconfig {
+        kubeconfig(&self.url)
+    }
+
+    /// The kubeconfig as text any client reads (JSON is YAML).
+    pub fn kubeconfig_yaml(&self) -> String {
+        serde_json::to_string_pretty(&self.kubeconfig()).unwrap_or_default()
+    }
+
+    /// Writes the kubeconfig to a file.
+    pub fn write_kubeconfig(&self, path: impl AsRef<Path>) -> Result<(), Error> {
+        let path = path.as_ref();
+        std::fs::write(path, self.kubeconfig_yaml()).map_err(|source| Error::Kubeconfig {
+            path: path.display().to_string(),
+            source,
+        })
+    }
+
+    /// Stops serving: the listener closes and every connection and watch ends.
+    pub fn shutdown(&self) {
+        let _ = self.shutdown.send(true);
+    }
+
+    /// Waits until [`Emulator::shutdown`] is called (for a standalone server).
+    pub async fn stopped(&self) {
+        let mut receiver = self.shutdown.subscribe();
+        let _ = receiver.wait_for(|stopped| *stopped).await;
+    }
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// A kubeconfig for an emulator at `url`.
+pub fn kubeconfig(url: &str) -> kube::config::Kubeconfig {
+    use kube::config::{
+        AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
+    };
+    const NAME: &str = "kactor-emulator";
+    Kubeconfig {
+        clusters: vec![NamedCluster {
+            name: NAME.into(),
+            cluster: Some(Cluster {
+                server: Some(url.to_string()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+        auth_infos: vec![NamedAuthInfo {
+            name: NAME.into(),
+            auth_info: Some(AuthInfo {
+                token: Some("emulator".to_string().into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+        contexts: vec![NamedContext {
+            name: NAME.into(),
+            context: Some(Context {
+                cluster: NAME.into(),
+                user: Some(NAME.into()),
+                namespace: Some("default".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+        current_context: Some(NAME.into()),
+        api_version: Some("v1".into()),
+        kind: Some("Config".into()),
+        ..Default::default()
+    }
+}
