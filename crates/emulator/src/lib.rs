@@ -190,9 +190,7 @@ impl Emulator {
             shutdown: shutdown_rx,
         });
         tokio::spawn(server::serve(listener, shared.clone()));
-        // A URL made of "http://" and a socket address always parses.
-        let uri: hyper::Uri = url.parse().expect("http://<socket address> is a valid URI");
-        let client = kube::Client::try_from(kube::Config::new(uri))?;
+        let client = kube::Client::try_from(config_for(&url))?;
         Ok(Emulator {
             shared,
             addr,
@@ -215,6 +213,12 @@ impl Emulator {
     /// A client for it (cheap to clone; default namespace `default`).
     pub fn client(&self) -> kube::Client {
         self.client.clone()
+    }
+
+    /// A client configuration for it, to build clients with other settings (kube's default client
+    /// retries 429, 503 and 504 answers by itself; set `default_retry = false` to see them).
+    pub fn config(&self) -> kube::Config {
+        config_for(&self.url)
     }
 
     /// The fault controls.
@@ -267,6 +271,12 @@ impl Drop for Emulator {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+fn config_for(url: &str) -> kube::Config {
+    // A URL made of "http://" and a socket address always parses.
+    let uri: hyper::Uri = url.parse().expect("http://<socket address> is a valid URI");
+    kube::Config::new(uri)
 }
 
 /// A kubeconfig for an emulator at `url`.

@@ -805,6 +805,10 @@ async fn run_watch(shared: Arc<Shared>, mut spec: WatchSpec, tx: mpsc::Sender<By
                         }
                     }
                     spec.cursor = cursor;
+                    if !events.is_empty() {
+                        // Look again before waiting: the wake-up for what came after these may be spent.
+                        continue;
+                    }
                 }
                 Since::Expired(oldest) => {
                     let error = ApiError::expired(format!(
