@@ -183,9 +183,9 @@ fn storage_version_hash(group: &str, version: &str, kind: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(hash.to_be_bytes())
 }
 
+/// A built-in kind; every one the emulator serves is in the `v1` of its group.
 struct Builtin {
     group: &'static str,
-    version: &'static str,
     plural: &'static str,
     kind: &'static str,
     namespaced: bool,
@@ -198,7 +198,6 @@ struct Builtin {
 
 const fn builtin(
     group: &'static str,
-    version: &'static str,
     plural: &'static str,
     kind: &'static str,
     namespaced: bool,
@@ -208,7 +207,6 @@ const fn builtin(
 ) -> Builtin {
     Builtin {
         group,
-        version,
         plural,
         kind,
         namespaced,
@@ -226,41 +224,22 @@ fn builtins() -> Vec<Builtin> {
     let mut list = vec![
         Builtin {
             name_rule: NameRule::Label,
-            ..builtin(
-                "",
-                "v1",
-                "namespaces",
-                "Namespace",
-                false,
-                &["ns"],
-                true,
-                false,
-            )
+            ..builtin("", "namespaces", "Namespace", false, &["ns"], true, false)
         },
-        builtin(
-            "",
-            "v1",
-            "configmaps",
-            "ConfigMap",
-            true,
-            &["cm"],
-            false,
-            false,
-        ),
-        builtin("", "v1", "secrets", "Secret", true, &[], false, false),
+        builtin("", "configmaps", "ConfigMap", true, &["cm"], false, false),
+        builtin("", "secrets", "Secret", true, &[], false, false),
         Builtin {
             categories: ALL,
-            ..builtin("", "v1", "pods", "Pod", true, &["po"], true, false)
+            ..builtin("", "pods", "Pod", true, &["po"], true, false)
         },
         Builtin {
             categories: ALL,
             name_rule: NameRule::Label,
-            ..builtin("", "v1", "services", "Service", true, &["svc"], true, false)
+            ..builtin("", "services", "Service", true, &["svc"], true, false)
         },
-        builtin("", "v1", "events", "Event", true, &["ev"], false, false),
+        builtin("", "events", "Event", true, &["ev"], false, false),
         builtin(
             "",
-            "v1",
             "serviceaccounts",
             "ServiceAccount",
             true,
@@ -270,7 +249,6 @@ fn builtins() -> Vec<Builtin> {
         ),
         builtin(
             "",
-            "v1",
             "persistentvolumeclaims",
             "PersistentVolumeClaim",
             true,
@@ -280,7 +258,6 @@ fn builtins() -> Vec<Builtin> {
         ),
         builtin(
             "",
-            "v1",
             "persistentvolumes",
             "PersistentVolume",
             false,
@@ -288,22 +265,12 @@ fn builtins() -> Vec<Builtin> {
             true,
             false,
         ),
-        builtin("", "v1", "nodes", "Node", false, &["no"], true, false),
-        builtin(
-            "",
-            "v1",
-            "endpoints",
-            "Endpoints",
-            true,
-            &["ep"],
-            false,
-            false,
-        ),
+        builtin("", "nodes", "Node", false, &["no"], true, false),
+        builtin("", "endpoints", "Endpoints", true, &["ep"], false, false),
         Builtin {
             categories: ALL,
             ..builtin(
                 "apps",
-                "v1",
                 "deployments",
                 "Deployment",
                 true,
@@ -316,7 +283,6 @@ fn builtins() -> Vec<Builtin> {
             categories: ALL,
             ..builtin(
                 "apps",
-                "v1",
                 "replicasets",
                 "ReplicaSet",
                 true,
@@ -329,7 +295,6 @@ fn builtins() -> Vec<Builtin> {
             categories: ALL,
             ..builtin(
                 "apps",
-                "v1",
                 "statefulsets",
                 "StatefulSet",
                 true,
@@ -340,24 +305,14 @@ fn builtins() -> Vec<Builtin> {
         },
         Builtin {
             categories: ALL,
-            ..builtin(
-                "apps",
-                "v1",
-                "daemonsets",
-                "DaemonSet",
-                true,
-                &["ds"],
-                true,
-                true,
-            )
+            ..builtin("apps", "daemonsets", "DaemonSet", true, &["ds"], true, true)
         },
         Builtin {
             categories: ALL,
-            ..builtin("batch", "v1", "jobs", "Job", true, &[], true, true)
+            ..builtin("batch", "jobs", "Job", true, &[], true, true)
         },
         builtin(
             "coordination.k8s.io",
-            "v1",
             "leases",
             "Lease",
             true,
@@ -367,7 +322,6 @@ fn builtins() -> Vec<Builtin> {
         ),
         builtin(
             "events.k8s.io",
-            "v1",
             "events",
             "Event",
             true,
@@ -377,7 +331,6 @@ fn builtins() -> Vec<Builtin> {
         ),
         builtin(
             "apiextensions.k8s.io",
-            "v1",
             "customresourcedefinitions",
             "CustomResourceDefinition",
             false,
@@ -387,7 +340,6 @@ fn builtins() -> Vec<Builtin> {
         ),
         builtin(
             "admissionregistration.k8s.io",
-            "v1",
             "validatingwebhookconfigurations",
             "ValidatingWebhookConfiguration",
             false,
@@ -397,7 +349,6 @@ fn builtins() -> Vec<Builtin> {
         ),
         builtin(
             "admissionregistration.k8s.io",
-            "v1",
             "mutatingwebhookconfigurations",
             "MutatingWebhookConfiguration",
             false,
@@ -416,7 +367,6 @@ fn builtins() -> Vec<Builtin> {
             name_rule: NameRule::PathSegment,
             ..builtin(
                 "rbac.authorization.k8s.io",
-                "v1",
                 plural,
                 kind,
                 namespaced,
@@ -439,13 +389,13 @@ pub fn builtin_types() -> Vec<Arc<ResourceType>> {
             Arc::new(ResourceType {
                 group: b.group.to_string(),
                 versions: vec![Version {
-                    name: b.version.to_string(),
+                    name: "v1".to_string(),
                     status: b.status,
                     scale,
                     schema: None,
                     columns: Vec::new(),
                 }],
-                storage_version: b.version.to_string(),
+                storage_version: "v1".to_string(),
                 plural: b.plural.to_string(),
                 singular: b.kind.to_lowercase(),
                 kind: b.kind.to_string(),
@@ -606,7 +556,7 @@ pub fn from_crd(crd: &Value) -> ApiResult<ResourceType> {
             causes,
         ));
     }
-    versions.sort_by(|a, b| version_priority(&b.name).cmp(&version_priority(&a.name)));
+    versions.sort_by_key(|v| std::cmp::Reverse(version_priority(&v.name)));
     let strings = |v: &Value| -> Vec<String> {
         v.as_array()
             .into_iter()

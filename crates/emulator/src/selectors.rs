@@ -128,9 +128,7 @@ pub(crate) fn valid_key(key: &str) -> bool {
         Some((prefix, name)) => (Some(prefix), name),
         None => (None, key),
     };
-    prefix.is_none_or(|p| crate::validation::is_dns_subdomain(p))
-        && !name.is_empty()
-        && valid_value(name)
+    prefix.is_none_or(crate::validation::is_dns_subdomain) && !name.is_empty() && valid_value(name)
 }
 
 /// A label value: empty, or at most 63 alphanumerics, `-`, `_`, `.`, starting and ending alphanumeric.

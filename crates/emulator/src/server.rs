@@ -335,6 +335,8 @@ fn resource_list(state: &State, group: &str, version: &str) -> ApiResult<Value> 
 struct Target {
     rtype: Arc<ResourceType>,
     version: String,
+    /// `group/version` as objects carry it in this version.
+    api_version: String,
     namespace: Option<String>,
     name: Option<String>,
     sub: Option<String>,
@@ -352,18 +354,13 @@ impl Target {
         )
     }
 
-    fn api_version(&self) -> String {
-        self.rtype.api_version(&self.version)
-    }
-
     /// The object as read in this version (no conversion: only `apiVersion` differs, as with `None`).
     fn present(&self, object: &Arc<Value>) -> Arc<Value> {
-        let api_version = self.api_version();
-        if object["apiVersion"] == api_version.as_str() {
+        if object["apiVersion"] == self.api_version.as_str() {
             object.clone()
         } else {
             let mut copy = (**object).clone();
-            copy["apiVersion"] = json!(api_version);
+            copy["apiVersion"] = json!(self.api_version);
             Arc::new(copy)
         }
     }
@@ -401,6 +398,7 @@ fn resolve_target(state: &State, group: &str, version: &str, rest: &[&str]) -> A
         return Err(not_found());
     }
     Ok(Target {
+        api_version: rtype.api_version(version),
         rtype,
         version: version.to_string(),
         namespace,
@@ -673,7 +671,7 @@ fn encode_list(target: &Target, page: &store::ListPage) -> Vec<u8> {
     if let Some(remaining) = page.remaining {
         metadata["remainingItemCount"] = json!(remaining);
     }
-    let head = json!({"kind": target.rtype.list_kind, "apiVersion": target.api_version(), "metadata": metadata});
+    let head = json!({"kind": target.rtype.list_kind, "apiVersion": target.api_version, "metadata": metadata});
     let head = head.to_string();
     out.extend_from_slice(&head.as_bytes()[..head.len() - 1]);
     out.extend_from_slice(b",\"items\":[");
@@ -863,7 +861,7 @@ fn deliver(spec: &WatchSpec, event: &store::Event) -> Option<Bytes> {
         _ => return None,
     };
     let as_stored =
-        spec.table.is_none() && event.object["apiVersion"] == spec.target.api_version().as_str();
+        spec.table.is_none() && event.object["apiVersion"] == spec.target.api_version.as_str();
     if type_ == event.type_ && as_stored {
         Some(event.encoded())
     } else {
@@ -898,7 +896,7 @@ fn bookmark(spec: &WatchSpec, initial_end: bool) -> Bytes {
     if initial_end {
         metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
     }
-    let object = json!({"kind": spec.target.rtype.kind, "apiVersion": spec.target.api_version(), "metadata": metadata});
+    let object = json!({"kind": spec.target.rtype.kind, "apiVersion": spec.target.api_version, "metadata": metadata});
     encode_event("BOOKMARK", &object)
 }
 

@@ -1443,8 +1443,8 @@ fn spec_of<'a>(rtype: &ResourceType, object: &'a Value) -> Vec<(&'a String, &'a 
         .into_iter()
         .flatten()
         .filter(|(k, _)| {
-            !matches!(k.as_str(), "metadata" | "apiVersion" | "kind")
-                && !(skip_status && k.as_str() == "status")
+            !(matches!(k.as_str(), "metadata" | "apiVersion" | "kind")
+                || (skip_status && k.as_str() == "status"))
         })
         .collect()
 }

@@ -1,0 +1,306 @@
+//! Throughput and memory of the embedded API emulator, over real HTTP with the real `kube::Client`.
+//!
+//! Run by hand: `cargo bench --bench emulator` (optionally `-- OBJECTS CONCURRENCY`, default 20000 16).
+//! It prints, with a watcher attached throughout:
+//! * creates/s and merge-patches/s sustained by CONCURRENCY clients,
+//! * watch events/s delivered live (during the writes) and replayed from history to a late watcher,
+//! * bytes of resident memory per stored object (and the objects' average JSON size, for scale).
+//!
+//! Targets (issue #2, on the 2-core machine): at least 5,000 writes/s and 50,000 events/s.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kactor::emulator::{samples, Emulator};
+use kube::api::{
+    Api, DynamicObject, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
+use kube::discovery::ApiResource;
+use serde_json::json;
+
+/// Counts live heap bytes, so that memory per object is what the store keeps, not allocator slack.
+struct Counting;
+
+static LIVE: AtomicU64 = AtomicU64::new(0);
+
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        LIVE.fetch_sub(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(new_size as u64, Ordering::Relaxed);
+        LIVE.fetch_sub(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+fn widget_api(client: &kube::Client) -> Api<DynamicObject> {
+    let resource = ApiResource {
+        group: "example.com".into(),
+        version: "v1".into(),
+        api_version: "example.com/v1".into(),
+        kind: "Widget".into(),
+        plural: "widgets".into(),
+    };
+    Api::namespaced_with(client.clone(), "default", &resource)
+}
+
+/// Counts watch events until `expected` arrived; returns the instant of the last one.
+fn spawn_watcher(
+    api: Api<DynamicObject>,
+    from: String,
+    expected: u64,
+    counter: Arc<AtomicU64>,
+) -> tokio::task::JoinHandle<Instant> {
+    tokio::spawn(async move {
+        let mut stream = api
+            .watch(&WatchParams::default().timeout(600), &from)
+            .await
+            .expect("watch")
+            .boxed();
+        let mut last = Instant::now();
+        while counter.load(Ordering::Relaxed) < expected {
+            match stream.next().await {
+                Some(Ok(
+                    WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_),
+                )) => {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    last = Instant::now();
+                }
+                Some(Ok(_)) => {}
+                Some(Err(error)) => panic!("watch failed: {error}"),
+                None => panic!(
+                    "watch ended early at {} events",
+                    counter.load(Ordering::Relaxed)
+                ),
+            }
+        }
+        last
+    })
+}
+
+/// Runs `total` operations over `concurrency` tasks; returns the elapsed time.
+async fn run_concurrently<F, Fut>(total: usize, concurrency: usize, op: F) -> Duration
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|worker| {
+            let op = op.clone();
+            tokio::spawn(async move {
+                let mut i = worker;
+                while i < total {
+                    op(i).await;
+                    i += concurrency;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("worker");
+    }
+    started.elapsed()
+}
+
+fn rate(count: usize, elapsed: Duration) -> String {
+    format!(
+        "{:>9.0}/s  ({count} in {:.2} s)",
+        count as f64 / elapsed.as_secs_f64(),
+        elapsed.as_secs_f64()
+    )
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let objects: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(20_000);
+    let concurrency: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(16);
+    println!(
+        "kactor-emulator benchmark: {objects} objects, {concurrency} concurrent clients, {} cores",
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+
+    let emulator = Emulator::builder()
+        .history_limit(objects * 3)
+        .start()
+        .await
+        .expect("emulator");
+    let client = emulator.client();
+    let crds: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource {
+            group: "apiextensions.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "apiextensions.k8s.io/v1".into(),
+            kind: "CustomResourceDefinition".into(),
+            plural: "customresourcedefinitions".into(),
+        },
+    );
+    crds.create(
+        &PostParams::default(),
+        &serde_json::from_value(samples::widget_crd()).unwrap(),
+    )
+    .await
+    .expect("CRD");
+    let api = widget_api(&client);
+    let start_rv = emulator.resource_version().to_string();
+    let memory_before = resident_bytes();
+    let heap_before = LIVE.load(Ordering::Relaxed);
+
+    // Creates, with a live watcher.
+    let live = Arc::new(AtomicU64::new(0));
+    let watcher = spawn_watcher(
+        api.clone(),
+        start_rv.clone(),
+        objects as u64 * 2,
+        live.clone(),
+    );
+    let create_api = api.clone();
+    let creates = run_concurrently(objects, concurrency, move |i| {
+        let api = create_api.clone();
+        async move {
+            let body = json!({"apiVersion": "example.com/v1", "kind": "Widget",
+                "metadata": {"name": format!("w{i:06}"), "labels": {"app": "bench", "shard": format!("s{}", i % 16)},
+                             "annotations": {"kopf.zalando.org/last-handled-configuration": "{\"spec\":{\"size\":1}}"}},
+                "spec": {"size": i, "image": "memcached:1.6", "ports": [11211]}});
+            api.create(&PostParams::default(), &serde_json::from_value(body).unwrap()).await.expect("create");
+        }
+    })
+    .await;
+    let memory_after = resident_bytes();
+    // Let the watcher drain what it holds before counting the heap.
+    while live.load(Ordering::Relaxed) < objects as u64 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let heap_after = LIVE.load(Ordering::Relaxed);
+
+    // Merge patches, with the same watcher.
+    let patch_api = api.clone();
+    let patches = run_concurrently(objects, concurrency, move |i| {
+        let api = patch_api.clone();
+        async move {
+            let patch =
+                json!({"status": {"observed": i}, "metadata": {"labels": {"patched": "yes"}}});
+            api.patch(
+                &format!("w{i:06}"),
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            )
+            .await
+            .expect("patch");
+        }
+    })
+    .await;
+    let writes_started = Instant::now() - creates - patches;
+    let last_live = watcher.await.expect("watcher");
+    let live_elapsed = last_live.duration_since(writes_started);
+
+    // Replay: a late watcher gets every event from the kept history, as fast as it can take them.
+    let replayed = Arc::new(AtomicU64::new(0));
+    let replay_started = Instant::now();
+    let replay = spawn_watcher(
+        api.clone(),
+        start_rv.clone(),
+        objects as u64 * 2,
+        replayed.clone(),
+    )
+    .await
+    .expect("replay");
+    let replay_elapsed = replay.duration_since(replay_started);
+
+    // Four replaying watchers at once: events/s delivered in all.
+    let many_started = Instant::now();
+    let counters: Vec<_> = (0..4).map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let handles: Vec<_> = counters
+        .iter()
+        .map(|c| spawn_watcher(api.clone(), start_rv.clone(), objects as u64 * 2, c.clone()))
+        .collect();
+    for handle in handles {
+        handle.await.expect("watcher");
+    }
+    let many_elapsed = many_started.elapsed();
+
+    let list_started = Instant::now();
+    let listed = api
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items
+        .len();
+    let list_elapsed = list_started.elapsed();
+    let sample = serde_json::to_vec(&api.get("w000001").await.expect("get"))
+        .map(|v| v.len())
+        .unwrap_or(0);
+
+    println!();
+    println!(
+        "creates (1 watcher attached)     {}",
+        rate(objects, creates)
+    );
+    println!(
+        "merge patches (1 watcher)        {}",
+        rate(objects, patches)
+    );
+    println!(
+        "writes overall                   {}",
+        rate(objects * 2, creates + patches)
+    );
+    println!(
+        "watch events, live               {}",
+        rate(objects * 2, live_elapsed)
+    );
+    println!(
+        "watch events, replay (1 watcher) {}",
+        rate(objects * 2, replay_elapsed)
+    );
+    println!(
+        "watch events, replay (4 at once) {}",
+        rate(objects * 8, many_elapsed)
+    );
+    println!(
+        "list of all objects              {}",
+        rate(listed, list_elapsed)
+    );
+    println!(
+        "heap per stored object           {:>9.0} bytes live (object, its history event and indexes)",
+        heap_after.saturating_sub(heap_before) as f64 / objects as f64
+    );
+    println!(
+        "memory per stored object         {:>9.0} bytes resident  (object JSON ~{sample} bytes; {} objects, {:.1} MiB grown)",
+        (memory_after.saturating_sub(memory_before)) as f64 / objects as f64,
+        emulator.object_count(),
+        (memory_after.saturating_sub(memory_before)) as f64 / 1048576.0
+    );
+    println!();
+    println!("targets: >= 5000 writes/s, >= 50000 events/s");
+}
