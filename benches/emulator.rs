@@ -1,6 +1,7 @@
 //! Throughput and memory of the embedded API emulator, over real HTTP with the real `kube::Client`.
 //!
-//! Run by hand: `cargo bench --bench emulator` (optionally `-- OBJECTS CONCURRENCY`, default 20000 16).
+//! Run by hand: `cargo bench --bench emulator` (optionally `-- OBJECTS CONCURRENCY`, default 20000 16);
+//! under `cargo test --all-targets` it makes a quick run of 200 objects instead.
 //! It prints, with a watcher attached throughout:
 //! * creates/s and merge-patches/s sustained by CONCURRENCY clients,
 //! * watch events/s delivered live (during the writes) and replayed from history to a late watcher,
@@ -139,11 +140,17 @@ fn rate(count: usize, elapsed: Duration) -> String {
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
+    // `cargo bench` passes --bench; `cargo test --all-targets` does not, and then a small run proves
+    // the benchmark still works without spending the test suite's time.
+    let measuring = std::env::args().any(|a| a == "--bench");
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let objects: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(20_000);
+    let objects: usize = args
+        .first()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(if measuring { 20_000 } else { 200 });
     let concurrency: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(16);
     println!(
         "kactor-emulator benchmark: {objects} objects, {concurrency} concurrent clients, {} cores",

@@ -177,6 +177,14 @@ impl Call {
             .next()
             .unwrap_or_default()
             .trim();
+        if media == "application/vnd.kubernetes.protobuf" {
+            return Err(ApiError::new(
+                415,
+                "UnsupportedMediaType",
+                "the kactor emulator does not decode protobuf bodies; send JSON (with kubectl: \
+                 `kubectl apply -f` or `kubectl create -f` rather than `kubectl create <kind> ...`)",
+            ));
+        }
         if media.ends_with("yaml") && serde_json::from_slice::<Value>(&self.body).is_err() {
             return serde_saphyr::from_slice(&self.body)
                 .map_err(|e| ApiError::bad_request(format!("invalid YAML body: {e}")));
