@@ -18,7 +18,6 @@ use kactor::emulator::{samples, Emulator};
 use kube::api::{
     Api, DynamicObject, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
-use kube::discovery::ApiResource;
 use serde_json::json;
 
 /// Counts live heap bytes, so that memory per object is what the store keeps, not allocator slack.
@@ -61,13 +60,7 @@ fn resident_bytes() -> u64 {
 }
 
 fn widget_api(client: &kube::Client) -> Api<DynamicObject> {
-    let resource = ApiResource {
-        group: "example.com".into(),
-        version: "v1".into(),
-        api_version: "example.com/v1".into(),
-        kind: "Widget".into(),
-        plural: "widgets".into(),
-    };
+    let resource = samples::widget_api_resource();
     Api::namespaced_with(client.clone(), "default", &resource)
 }
 
@@ -163,16 +156,7 @@ async fn main() {
         .await
         .expect("emulator");
     let client = emulator.client();
-    let crds: Api<DynamicObject> = Api::all_with(
-        client.clone(),
-        &ApiResource {
-            group: "apiextensions.k8s.io".into(),
-            version: "v1".into(),
-            api_version: "apiextensions.k8s.io/v1".into(),
-            kind: "CustomResourceDefinition".into(),
-            plural: "customresourcedefinitions".into(),
-        },
-    );
+    let crds: Api<DynamicObject> = Api::all_with(client.clone(), &samples::crd_api_resource());
     crds.create(
         &PostParams::default(),
         &serde_json::from_value(samples::widget_crd()).unwrap(),

@@ -115,20 +115,13 @@ async fn serve_emulator(
 /// Installs the sample CRD and one widget through the public API, as any client would.
 async fn seed(emulator: &Emulator) -> anyhow::Result<()> {
     use kube::api::{Api, DynamicObject, PostParams};
-    use kube::discovery::ApiResource;
-    let crds: Api<DynamicObject> = Api::all_with(emulator.client(), &ApiResource::erase::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>(&()));
+    let crds: Api<DynamicObject> = Api::all_with(emulator.client(), &samples::crd_api_resource());
     crds.create(
         &PostParams::default(),
         &serde_json::from_value(samples::widget_crd())?,
     )
     .await?;
-    let resource = ApiResource {
-        group: "example.com".into(),
-        version: "v1".into(),
-        api_version: "example.com/v1".into(),
-        kind: "Widget".into(),
-        plural: "widgets".into(),
-    };
+    let resource = samples::widget_api_resource();
     let widgets: Api<DynamicObject> = Api::namespaced_with(emulator.client(), "default", &resource);
     widgets
         .create(

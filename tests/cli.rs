@@ -5,7 +5,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kube::api::{Api, DynamicObject, ListParams};
-use kube::discovery::ApiResource;
 
 /// Kills the child when the test ends, even on a failed assertion.
 struct Child(std::process::Child);
@@ -51,13 +50,7 @@ async fn kactor_emulator_serves_a_sample_widget_and_writes_a_kubeconfig_any_clie
         .await
         .unwrap();
     let client = kube::Client::try_from(config).unwrap();
-    let resource = ApiResource {
-        group: "example.com".into(),
-        version: "v1".into(),
-        api_version: "example.com/v1".into(),
-        kind: "Widget".into(),
-        plural: "widgets".into(),
-    };
+    let resource = kactor::emulator::samples::widget_api_resource();
     let widgets: Api<DynamicObject> = Api::namespaced_with(client, "default", &resource);
     let names: Vec<_> = widgets
         .list(&ListParams::default())

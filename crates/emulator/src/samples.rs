@@ -1,5 +1,7 @@
 //! A sample custom resource, for the demo and for tests: `widgets.example.com`.
 
+use kube::core::GroupVersionKind;
+use kube::discovery::ApiResource;
 use serde_json::{json, Value};
 
 /// The `widgets.example.com` CRD: namespaced, `v1` served and stored, with a status subresource,
@@ -43,4 +45,20 @@ pub fn widget(name: &str, size: i64) -> Value {
         "metadata": {"name": name, "namespace": "default", "labels": {"app": "demo"}},
         "spec": {"size": size},
     })
+}
+
+/// The `widgets.example.com/v1` resource, for `kube::Api::namespaced_with`.
+pub fn widget_api_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.com", "v1", "Widget"),
+        "widgets",
+    )
+}
+
+/// The `customresourcedefinitions.apiextensions.k8s.io/v1` resource, for `kube::Api::all_with`.
+pub fn crd_api_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("apiextensions.k8s.io", "v1", "CustomResourceDefinition"),
+        "customresourcedefinitions",
+    )
 }

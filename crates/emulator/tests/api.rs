@@ -19,28 +19,12 @@ use serde_json::{json, Value};
 
 const WAIT: Duration = Duration::from_secs(10);
 
-fn widget_resource() -> ApiResource {
-    ApiResource {
-        group: "example.com".into(),
-        version: "v1".into(),
-        api_version: "example.com/v1".into(),
-        kind: "Widget".into(),
-        plural: "widgets".into(),
-    }
-}
-
 fn widgets(client: &Client, namespace: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(client.clone(), namespace, &widget_resource())
+    Api::namespaced_with(client.clone(), namespace, &samples::widget_api_resource())
 }
 
 fn crds(client: &Client) -> Api<DynamicObject> {
-    let resource = ApiResource {
-        group: "apiextensions.k8s.io".into(),
-        version: "v1".into(),
-        api_version: "apiextensions.k8s.io/v1".into(),
-        kind: "CustomResourceDefinition".into(),
-        plural: "customresourcedefinitions".into(),
-    };
+    let resource = samples::crd_api_resource();
     Api::all_with(client.clone(), &resource)
 }
 
@@ -837,7 +821,7 @@ async fn field_selectors_filter_by_name_and_namespace() {
         .create(&PostParams::default(), &object(body))
         .await
         .unwrap();
-    let all: Api<DynamicObject> = Api::all_with(emulator.client(), &widget_resource());
+    let all: Api<DynamicObject> = Api::all_with(emulator.client(), &samples::widget_api_resource());
     assert_eq!(
         all.list(&ListParams::default()).await.unwrap().items.len(),
         3,

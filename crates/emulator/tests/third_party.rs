@@ -16,7 +16,6 @@ use common::{eventually, run, run_ok, test_file, Background, Workdir};
 use k8s_openapi::api::core::v1::{ConfigMap, Event};
 use kactor_emulator::{samples, Emulator};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{json, Value};
 
 /// The longest any one kubectl or Python call may take.
@@ -24,23 +23,16 @@ const CALL: Duration = Duration::from_secs(60);
 /// The longest a test waits for a watcher or an operator to react to a change.
 const REACT: Duration = Duration::from_secs(60);
 
-fn widget_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("example.com", "v1", "Widget"),
-        "widgets",
+fn widgets(emulator: &Emulator) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        emulator.client(),
+        "default",
+        &samples::widget_api_resource(),
     )
 }
 
-fn widgets(emulator: &Emulator) -> Api<DynamicObject> {
-    Api::namespaced_with(emulator.client(), "default", &widget_resource())
-}
-
 fn crds(emulator: &Emulator) -> Api<DynamicObject> {
-    let resource = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("apiextensions.k8s.io", "v1", "CustomResourceDefinition"),
-        "customresourcedefinitions",
-    );
-    Api::all_with(emulator.client(), &resource)
+    Api::all_with(emulator.client(), &samples::crd_api_resource())
 }
 
 fn configmaps(emulator: &Emulator) -> Api<ConfigMap> {
