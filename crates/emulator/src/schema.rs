@@ -13,24 +13,53 @@ use serde_json::{Map, Value};
 use crate::registry::ResourceType;
 use crate::status::{ApiError, ApiResult, Cause};
 
-/// Defaults, prunes and validates a custom resource in place.
+/// What a walk over an object found wrong with it.
+#[derive(Default)]
+struct Found {
+    /// Invalid values: a 422.
+    causes: Vec<Cause>,
+    /// Fields the schema does not declare (pruned; an error under `fieldValidation=Strict`).
+    unknown: Vec<String>,
+}
+
+/// Defaults, prunes and validates a custom resource in place. With `strict`, a field the schema does
+/// not declare is a 400, as with `fieldValidation=Strict` (kubectl's default); otherwise it is dropped.
 pub fn prune_and_validate(
     rtype: &ResourceType,
     schema: &Value,
     object: &mut Value,
+    strict: bool,
 ) -> ApiResult<()> {
-    let mut causes = Vec::new();
+    let mut found = Found::default();
     if let Some(map) = object.as_object_mut() {
-        walk_object(schema, map, "", true, &mut causes);
+        walk_object(schema, map, "", true, &mut found);
     }
-    if causes.is_empty() {
+    if strict && !found.unknown.is_empty() {
+        let fields: Vec<String> = found
+            .unknown
+            .iter()
+            .map(|f| format!("unknown field {f:?}"))
+            .collect();
+        return Err(ApiError::bad_request(format!(
+            "{kind} in version {version:?} cannot be handled as a {kind}: strict decoding error: {}",
+            fields.join(", "),
+            kind = rtype.kind,
+            version = rtype.storage_version,
+        )));
+    }
+    if found.causes.is_empty() {
         Ok(())
     } else {
         let name = object
             .pointer("/metadata/name")
             .and_then(Value::as_str)
             .unwrap_or_default();
-        Err(ApiError::invalid(&rtype.group, &rtype.kind, name, causes))
+        Err(ApiError::invalid(
+            &rtype.group,
+            &rtype.kind,
+            name,
+            found.causes,
+        ))
     }
 }
 
@@ -51,7 +80,7 @@ fn walk_object(
     map: &mut Map<String, Value>,
     path: &str,
     root: bool,
-    causes: &mut Vec<Cause>,
+    found: &mut Found,
 ) {
     let properties = schema.get("properties").and_then(Value::as_object);
     if let Some(properties) = properties {
@@ -72,12 +101,15 @@ fn walk_object(
         }
         let field = join(path, key);
         match properties.and_then(|p| p.get(key)) {
-            Some(property) => walk(property, value, &field, causes),
+            Some(property) => walk(property, value, &field, found),
             None => match additional {
                 Some(Value::Bool(true)) => {}
-                Some(additional @ Value::Object(_)) => walk(additional, value, &field, causes),
+                Some(additional @ Value::Object(_)) => walk(additional, value, &field, found),
                 _ if preserves_unknown(schema) => {}
-                _ => pruned.push(key.clone()),
+                _ => {
+                    found.unknown.push(field);
+                    pruned.push(key.clone());
+                }
             },
         }
     }
@@ -92,7 +124,7 @@ fn walk_object(
         .filter_map(Value::as_str)
     {
         if !map.contains_key(required) {
-            causes.push(Cause::new(
+            found.causes.push(Cause::new(
                 "FieldValueRequired",
                 join(path, required),
                 "Required value",
@@ -101,11 +133,11 @@ fn walk_object(
     }
 }
 
-fn walk(schema: &Value, value: &mut Value, path: &str, causes: &mut Vec<Cause>) {
+fn walk(schema: &Value, value: &mut Value, path: &str, found: &mut Found) {
     if value.is_null() {
         if schema["nullable"] != Value::Bool(true) && schema.get("type").is_some() {
             // The API server drops nulls of non-nullable fields instead of failing (pruning of nulls).
-            causes.push(Cause::new(
+            found.causes.push(Cause::new(
                 "FieldValueTypeInvalid",
                 path,
                 format!(
@@ -131,7 +163,7 @@ fn walk(schema: &Value, value: &mut Value, path: &str, causes: &mut Vec<Cause>) 
         _ => true,
     };
     if !type_ok {
-        causes.push(Cause::new(
+        found.causes.push(Cause::new(
             "FieldValueTypeInvalid",
             path,
             format!(
@@ -144,7 +176,7 @@ fn walk(schema: &Value, value: &mut Value, path: &str, causes: &mut Vec<Cause>) 
     if let Some(options) = schema.get("enum").and_then(Value::as_array) {
         if !options.contains(value) {
             let supported: Vec<String> = options.iter().map(short).collect();
-            causes.push(Cause::new(
+            found.causes.push(Cause::new(
                 "FieldValueNotSupported",
                 path,
                 format!(
@@ -157,7 +189,7 @@ fn walk(schema: &Value, value: &mut Value, path: &str, causes: &mut Vec<Cause>) 
     }
     if let Some(number) = value.as_f64() {
         if schema["minimum"].as_f64().is_some_and(|min| number < min) {
-            causes.push(Cause::new(
+            found.causes.push(Cause::new(
                 "FieldValueInvalid",
                 path,
                 format!(
@@ -167,7 +199,7 @@ fn walk(schema: &Value, value: &mut Value, path: &str, causes: &mut Vec<Cause>) 
             ));
         }
         if schema["maximum"].as_f64().is_some_and(|max| number > max) {
-            causes.push(Cause::new(
+            found.causes.push(Cause::new(
                 "FieldValueInvalid",
                 path,
                 format!(
@@ -180,7 +212,7 @@ fn walk(schema: &Value, value: &mut Value, path: &str, causes: &mut Vec<Cause>) 
     if let Some(text) = value.as_str() {
         let length = text.chars().count() as u64;
         if schema["minLength"].as_u64().is_some_and(|min| length < min) {
-            causes.push(Cause::new(
+            found.causes.push(Cause::new(
                 "FieldValueInvalid",
                 path,
                 format!(
@@ -190,7 +222,7 @@ fn walk(schema: &Value, value: &mut Value, path: &str, causes: &mut Vec<Cause>) 
             ));
         }
         if schema["maxLength"].as_u64().is_some_and(|max| length > max) {
-            causes.push(Cause::new(
+            found.causes.push(Cause::new(
                 "FieldValueTooLong",
                 path,
                 format!(
@@ -201,11 +233,11 @@ fn walk(schema: &Value, value: &mut Value, path: &str, causes: &mut Vec<Cause>) 
         }
     }
     match value {
-        Value::Object(map) if !int_or_string => walk_object(schema, map, path, false, causes),
+        Value::Object(map) if !int_or_string => walk_object(schema, map, path, false, found),
         Value::Array(items) => {
             let count = items.len() as u64;
             if schema["minItems"].as_u64().is_some_and(|min| count < min) {
-                causes.push(Cause::new(
+                found.causes.push(Cause::new(
                     "FieldValueInvalid",
                     path,
                     format!(
@@ -215,7 +247,7 @@ fn walk(schema: &Value, value: &mut Value, path: &str, causes: &mut Vec<Cause>) 
                 ));
             }
             if schema["maxItems"].as_u64().is_some_and(|max| count > max) {
-                causes.push(Cause::new(
+                found.causes.push(Cause::new(
                     "FieldValueTooMany",
                     path,
                     format!(
@@ -226,7 +258,7 @@ fn walk(schema: &Value, value: &mut Value, path: &str, causes: &mut Vec<Cause>) 
             }
             if let Some(item_schema) = schema.get("items") {
                 for (i, item) in items.iter_mut().enumerate() {
-                    walk(item_schema, item, &format!("{path}[{i}]"), causes);
+                    walk(item_schema, item, &format!("{path}[{i}]"), found);
                 }
             }
         }
@@ -276,7 +308,7 @@ mod tests {
     fn undeclared_fields_are_pruned_and_defaults_filled() {
         let mut object = json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"},
             "spec": {"size": 1, "extra": true, "labels": {"a": "b"}}, "junk": 1, "status": {"anything": {"goes": 1}}});
-        prune_and_validate(&rtype(), &schema(), &mut object).unwrap();
+        prune_and_validate(&rtype(), &schema(), &mut object, false).unwrap();
         assert_eq!(
             object["spec"],
             json!({"size": 1, "mode": "fast", "labels": {"a": "b"}})
@@ -287,19 +319,34 @@ mod tests {
     }
 
     #[test]
+    fn strict_field_validation_rejects_undeclared_fields() {
+        let mut object =
+            json!({"metadata": {"name": "w"}, "spec": {"size": 1, "colour": "red"}, "extra": 1});
+        let error = prune_and_validate(&rtype(), &schema(), &mut object, true).unwrap_err();
+        assert_eq!(error.code, 400);
+        assert!(
+            error.message.contains(
+                "strict decoding error: unknown field \"extra\", unknown field \"spec.colour\""
+            ),
+            "{}",
+            error.message
+        );
+    }
+
+    #[test]
     fn wrong_types_enums_minimums_and_missing_required_fields_are_invalid() {
         let mut object = json!({"metadata": {"name": "w"}, "spec": {"size": -1, "mode": "medium"}});
-        let error = prune_and_validate(&rtype(), &schema(), &mut object).unwrap_err();
+        let error = prune_and_validate(&rtype(), &schema(), &mut object, false).unwrap_err();
         assert_eq!(error.code, 422);
         assert!(error.message.contains("spec.size"), "{}", error.message);
         assert!(error.message.contains("spec.mode"), "{}", error.message);
         let mut object = json!({"metadata": {"name": "w"}, "spec": {"size": "three"}});
-        assert!(prune_and_validate(&rtype(), &schema(), &mut object)
+        assert!(prune_and_validate(&rtype(), &schema(), &mut object, false)
             .unwrap_err()
             .message
             .contains("must be of type integer"));
         let mut object = json!({"metadata": {"name": "w"}, "spec": {}});
-        assert!(prune_and_validate(&rtype(), &schema(), &mut object)
+        assert!(prune_and_validate(&rtype(), &schema(), &mut object, false)
             .unwrap_err()
             .message
             .contains("spec.size: Required value"));

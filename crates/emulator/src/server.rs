@@ -29,7 +29,7 @@ use crate::selectors::{FieldSelector, LabelSelector};
 use crate::status::{ApiError, ApiResult};
 use crate::store::{
     self, encode_event, DeleteOptions, EventType, ListOptions, ObjKey, Propagation, Since, State,
-    Subresource,
+    Subresource, Write,
 };
 use crate::table::{self, Include};
 use crate::{openapi, Settings};
@@ -165,6 +165,23 @@ impl Call {
 
     fn dry_run(&self) -> bool {
         self.param("dryRun") == Some("All")
+    }
+
+    /// How a create, update or patch is to be carried out.
+    fn write(&self) -> ApiResult<Write> {
+        let strict = match self.param("fieldValidation") {
+            None | Some("" | "Ignore" | "Warn") => false,
+            Some("Strict") => true,
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "fieldValidation must be Ignore, Warn or Strict, not {other:?}"
+                )))
+            }
+        };
+        Ok(Write {
+            dry_run: self.dry_run(),
+            strict,
+        })
     }
 
     fn json(&self) -> ApiResult<Value> {
@@ -509,14 +526,14 @@ async fn resource(
             let created =
                 shared
                     .state()
-                    .create(&gr, target.namespace.as_deref(), body, call.dry_run())?;
+                    .create(&gr, target.namespace.as_deref(), body, call.write()?)?;
             object_response(StatusCode::CREATED, &target.present(&created))
         }
         "update" => {
             let body = call.json()?;
             let updated = shared
                 .state()
-                .update(&gr, &target.key(), body, sub, call.dry_run())?;
+                .update(&gr, &target.key(), body, sub, call.write()?)?;
             object_response(StatusCode::OK, &target.present(&updated))
         }
         "patch" => {
@@ -524,7 +541,7 @@ async fn resource(
             let patch = call.json()?;
             let mut state = shared.state();
             let existed = state.get(&gr, &target.key()).is_ok();
-            let patched = state.patch(&gr, &target.key(), kind, &patch, sub, call.dry_run())?;
+            let patched = state.patch(&gr, &target.key(), kind, &patch, sub, call.write()?)?;
             drop(state);
             let created = kind == PatchKind::Apply && !existed;
             object_response(
@@ -572,7 +589,7 @@ fn scale(
             &key,
             &target.version,
             call.json()?,
-            call.dry_run(),
+            call.write()?,
         )?),
         "patch" => {
             let kind = PatchKind::from_content_type(&call.content_type)?;
@@ -582,7 +599,7 @@ fn scale(
             })?;
             ok(&shared
                 .state()
-                .write_scale(&gr, &key, &target.version, patched, call.dry_run())?)
+                .write_scale(&gr, &key, &target.version, patched, call.write()?)?)
         }
         _ => Err(ApiError::method_not_allowed(format!(
             "{verb} is not supported on /scale"

@@ -132,6 +132,16 @@ pub enum Subresource {
     Status,
 }
 
+/// How a create, update or patch is carried out (`dryRun`, `fieldValidation`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Write {
+    /// `dryRun=All`: check everything, store nothing.
+    pub dry_run: bool,
+    /// `fieldValidation=Strict`: fields a custom resource's schema does not declare are an error
+    /// instead of being dropped.
+    pub strict: bool,
+}
+
 /// How dependents are treated when their owner is deleted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Propagation {
@@ -266,7 +276,7 @@ impl State {
         for name in PROTECTED_NAMESPACES {
             let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
             // The standard namespaces are valid by construction.
-            let _ = state.create(&namespaces, None, body, false);
+            let _ = state.create(&namespaces, None, body, Write::default());
         }
         state
     }
@@ -449,7 +459,7 @@ impl State {
         gr: &GroupResource,
         namespace: Option<&str>,
         body: Value,
-        dry_run: bool,
+        write: Write,
     ) -> ApiResult<Arc<Value>> {
         let rtype = self.collection(gr)?.rtype.clone();
         let mut object = into_object(body)?;
@@ -517,8 +527,8 @@ impl State {
             object.remove("status");
         }
         let mut object = Value::Object(object);
-        self.admit(&rtype, &mut object, None)?;
-        if dry_run {
+        self.admit(&rtype, &mut object, None, write.strict)?;
+        if write.dry_run {
             return Ok(Arc::new(object));
         }
         let stored = self.store(gr, key, object);
@@ -533,7 +543,7 @@ impl State {
         key: &ObjKey,
         body: Value,
         sub: Subresource,
-        dry_run: bool,
+        write: Write,
     ) -> ApiResult<Arc<Value>> {
         let rtype = self.collection(gr)?.rtype.clone();
         let body = into_object(body)?;
@@ -580,7 +590,7 @@ impl State {
             return Err(ApiError::stale(&rtype.group, &rtype.plural, &key.1));
         }
         let object = prepare_update(&rtype, &current, Value::Object(body), sub);
-        self.finish_write(gr, &rtype, key, &current, object, dry_run)
+        self.finish_write(gr, &rtype, key, &current, object, write)
     }
 
     /// Patches an object, or its status. An apply patch creates a missing object.
@@ -591,7 +601,7 @@ impl State {
         kind: PatchKind,
         patch: &Value,
         sub: Subresource,
-        dry_run: bool,
+        write: Write,
     ) -> ApiResult<Arc<Value>> {
         let rtype = self.collection(gr)?.rtype.clone();
         let current = match self.get(gr, key) {
@@ -604,7 +614,7 @@ impl State {
                     meta.insert("name".into(), json!(key.1));
                 }
                 let namespace = (!key.0.is_empty()).then_some(key.0.as_str());
-                return self.create(gr, namespace, body, dry_run);
+                return self.create(gr, namespace, body, write);
             }
             Err(error) => return Err(error),
         };
@@ -642,7 +652,7 @@ impl State {
             ));
         }
         let object = prepare_update(&rtype, &current, patched, sub);
-        self.finish_write(gr, &rtype, key, &current, object, dry_run)
+        self.finish_write(gr, &rtype, key, &current, object, write)
     }
 
     /// Deletes an object: marks it for deletion while it has finalizers, removes it otherwise.
@@ -756,7 +766,7 @@ impl State {
         key: &ObjKey,
         version: &str,
         scale: Value,
-        dry_run: bool,
+        write: Write,
     ) -> ApiResult<Value> {
         let rtype = self.collection(gr)?.rtype.clone();
         let (spec_path, _) = rtype
@@ -782,7 +792,7 @@ impl State {
         };
         let mut object = (*current).clone();
         set_pointer(&mut object, &spec_path, json!(replicas));
-        self.finish_write(gr, &rtype, key, &current, object, dry_run)?;
+        self.finish_write(gr, &rtype, key, &current, object, write)?;
         self.scale(gr, key, version)
     }
 
@@ -829,6 +839,7 @@ impl State {
         rtype: &ResourceType,
         object: &mut Value,
         current: Option<&Value>,
+        strict: bool,
     ) -> ApiResult<()> {
         let name = object
             .pointer("/metadata/name")
@@ -875,7 +886,7 @@ impl State {
             _ if rtype.custom => {
                 let version = rtype.version(&rtype.storage_version);
                 if let Some(schema) = version.and_then(|v| v.schema.as_ref()) {
-                    schema::prune_and_validate(rtype, schema, object)?;
+                    schema::prune_and_validate(rtype, schema, object, strict)?;
                 }
             }
             _ => {}
@@ -891,9 +902,9 @@ impl State {
         key: &ObjKey,
         current: &Arc<Value>,
         mut object: Value,
-        dry_run: bool,
+        write: Write,
     ) -> ApiResult<Arc<Value>> {
-        self.admit(rtype, &mut object, Some(current))?;
+        self.admit(rtype, &mut object, Some(current), write.strict)?;
         set_pointer(
             &mut object,
             "/metadata/resourceVersion",
@@ -914,7 +925,7 @@ impl State {
         if object == **current {
             return Ok(current.clone());
         }
-        if dry_run {
+        if write.dry_run {
             return Ok(Arc::new(object));
         }
         let stored = if is_deletable(&object) {
@@ -1723,7 +1734,7 @@ mod tests {
                 &GroupResource::new(CRDS.0, CRDS.1),
                 None,
                 widgets_crd(),
-                false,
+                Write::default(),
             )
             .unwrap();
         (state, GroupResource::new("example.com", "widgets"))
@@ -1750,7 +1761,7 @@ mod tests {
         let (mut state, gr) = setup();
         for name in ["a", "b", "c", "d"] {
             state
-                .create(&gr, Some("default"), widget(name), false)
+                .create(&gr, Some("default"), widget(name), Write::default())
                 .unwrap();
         }
         let options = ListOptions {
@@ -1764,7 +1775,7 @@ mod tests {
             .delete(&gr, &key("c"), &DeleteOptions::default())
             .unwrap();
         state
-            .create(&gr, Some("default"), widget("cc"), false)
+            .create(&gr, Some("default"), widget("cc"), Write::default())
             .unwrap();
         let options = ListOptions {
             limit: 2,
@@ -1787,7 +1798,7 @@ mod tests {
         let (mut state, gr) = setup();
         for name in ["a", "b", "c"] {
             state
-                .create(&gr, Some("default"), widget(name), false)
+                .create(&gr, Some("default"), widget(name), Write::default())
                 .unwrap();
         }
         let first = state
@@ -1800,7 +1811,7 @@ mod tests {
             )
             .unwrap();
         state
-            .create(&gr, Some("default"), widget("d"), false)
+            .create(&gr, Some("default"), widget("d"), Write::default())
             .unwrap();
         state.compact();
         let options = ListOptions {
@@ -1815,7 +1826,7 @@ mod tests {
     fn a_no_op_patch_writes_nothing() {
         let (mut state, gr) = setup();
         let created = state
-            .create(&gr, Some("default"), widget("a"), false)
+            .create(&gr, Some("default"), widget("a"), Write::default())
             .unwrap();
         let rv = state.rv();
         let patched = state
@@ -1825,7 +1836,7 @@ mod tests {
                 PatchKind::Merge,
                 &json!({"spec": {"size": 1}}),
                 Subresource::Main,
-                false,
+                Write::default(),
             )
             .unwrap();
         assert_eq!(state.rv(), rv);
@@ -1843,7 +1854,7 @@ mod tests {
                     &gr,
                     Some("default"),
                     json!({"metadata": {"name": format!("c{i}")}}),
-                    false,
+                    Write::default(),
                 )
                 .unwrap();
         }

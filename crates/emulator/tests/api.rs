@@ -1654,3 +1654,40 @@ async fn faults_are_controlled_over_the_admin_endpoint() {
     assert_eq!(code, 200);
     assert!(stats["objects"].as_u64().unwrap() >= 1);
 }
+
+#[tokio::test]
+async fn strict_field_validation_rejects_fields_the_schema_does_not_declare() {
+    let (emulator, _api) = with_widgets().await;
+    let mut body = samples::widget("w1", 1);
+    body["extra"] = json!(true);
+    let path = "/apis/example.com/v1/namespaces/default/widgets";
+    let (code, status, _) = raw(
+        &emulator.client(),
+        "POST",
+        &format!("{path}?fieldValidation=Strict"),
+        "application/json",
+        &body.to_string(),
+    )
+    .await;
+    assert_eq!((code, status["reason"].as_str()), (400, Some("BadRequest")));
+    assert!(
+        status["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown field \"extra\""),
+        "{status}"
+    );
+    let (code, created, _) = raw(
+        &emulator.client(),
+        "POST",
+        &format!("{path}?fieldValidation=Ignore"),
+        "application/json",
+        &body.to_string(),
+    )
+    .await;
+    assert_eq!(code, 201);
+    assert!(
+        created.get("extra").is_none(),
+        "without Strict, undeclared fields are dropped"
+    );
+}
