@@ -1,11 +1,34 @@
 //! kactor: Kubernetes operators in Rust, with Kopf's ergonomics on an actor model.
 //!
-//! This is the public face of the framework. Today it carries the embedded Kubernetes API emulator
-//! ([`emulator`]), which every test, benchmark and demo runs against; the operator builder, the
-//! handlers and the actors arrive crate by crate (see `design.md`).
+//! This is the public face of the framework: the [`Operator`] builder with its handlers, `run()` and
+//! `run_from_args()` (the command line of every kactor operator, [`cli`]), Kopf-like logging
+//! ([`logging`]), and the embedded Kubernetes API emulator ([`emulator`]) that tests, benchmarks and
+//! demos run against. The domain lives in `kactor-reactor`, the actors in `kactor-actors`.
 //!
-//! Start with [`emulator::Emulator`].
+//! Start with [`Operator`] and the [`prelude`].
 
 /// The in-memory Kubernetes API server (re-exported from `kactor-emulator`).
 #[cfg(feature = "emulator")]
 pub use kactor_emulator as emulator;
+
+pub mod cli;
+mod error;
+pub mod logging;
+mod operator;
+
+pub use cli::Scope;
+pub use error::{Error, Result};
+pub use operator::Operator;
+
+/// What an operator's `main` needs: `use kactor::prelude::*;`.
+pub mod prelude {
+    pub use crate::cli::Scope;
+    pub use crate::operator::Operator;
+    pub use kactor_reactor::handlers::{ActivityCtx, Ctx, HandlerError, HandlerResult, Memo};
+    pub use kactor_reactor::resources::{Resource, Selector};
+    pub use kactor_reactor::settings::Settings;
+    pub use kactor_reactor::watching::EventType;
+    pub use serde_json::json;
+}
+
+pub use kactor_reactor::{handlers, resources, settings};

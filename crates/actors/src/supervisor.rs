@@ -1,0 +1,366 @@
+//! The ResourceSupervisor: one actor per served (resource, namespace). It owns the watch stream and the
+//! records of that stream's objects, and routes each event to the object's [`ObjectWorker`].
+//!
+//! **Expected flow**: on start it runs a [`Watcher`] as a task on the operator's runtime (JSON decoding
+//! happens there, not on the actors' thread); each batch comes back as a message, acknowledged only
+//! once routed, so a slow supervisor slows the stream down instead of piling batches up. Events are
+//! routed by `metadata.uid` (or a key made of kind, apiVersion, name, namespace and creation time when
+//! there is no uid, as Kopf does); a worker is started on an object's first event.
+//!
+//! **Guarantees**
+//! * After a relist (410 Gone), an object whose resourceVersion did not change since it was last seen
+//!   is not dispatched again; an object that vanished during the gap is dispatched as `Deleted` (with
+//!   the identity it was last seen with, the last body is not kept).
+//! * An object's record (memo, last resourceVersion) lives until the object is deleted, whether or not
+//!   its worker is running.
+//! * A watch failure the watcher cannot recover from ends the supervisor and is reported in its
+//!   [`WatchStatus`]; the caller decides what to do (a resource that is no longer served is dropped).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use actix::prelude::*;
+use kactor_reactor::handlers::{EventHandler, Memo};
+use kactor_reactor::resources::Resource;
+use kactor_reactor::settings::Settings;
+use kactor_reactor::watching::{EventType, WatchError, WatchItem, WatchStatus, Watcher};
+use kube::api::{Api, DynamicObject, ObjectMeta};
+use tokio::runtime::Handle;
+use tokio::sync::Semaphore;
+
+use crate::tracker::Tracker;
+use crate::worker::{Deliver, Idle, ObjectWorker, Stop, WorkerShared};
+
+/// What a supervisor needs.
+#[derive(Clone)]
+pub struct SupervisorConfig {
+    /// The resource to watch.
+    pub resource: Arc<Resource>,
+    /// The namespace, or None for cluster-wide (and for cluster-scoped resources).
+    pub namespace: Option<String>,
+    /// The client.
+    pub client: kube::Client,
+    /// The resource's `on_event` handlers.
+    pub handlers: Arc<[EventHandler]>,
+    /// The operator's settings.
+    pub settings: Arc<Settings>,
+    /// The runtime that runs the watch stream and the handlers.
+    pub runtime: Handle,
+    /// The global limit of concurrently running handlers.
+    pub limiter: Arc<Semaphore>,
+    /// The handler tasks in flight.
+    pub tracker: Arc<Tracker>,
+}
+
+/// One batch from the watch stream.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Batch(Vec<WatchItem>, Instant);
+
+/// The watch stream ended for good.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct WatchEnded(WatchError);
+
+/// Stop watching and stop every worker (in-flight handlers go on; shutdown drains them).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Shutdown;
+
+/// How many objects the supervisor knows, and how many have a running worker.
+#[derive(Message)]
+#[rtype(result = "Census")]
+pub struct Count;
+
+/// The answer to [`Count`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, MessageResponse)]
+pub struct Census {
+    /// Objects known (not deleted).
+    pub objects: usize,
+    /// Of which with a running worker.
+    pub workers: usize,
+}
+
+/// What the supervisor keeps of an object, running worker or not.
+struct Record {
+    /// The last resourceVersion seen.
+    rv: Box<str>,
+    /// The identity, to report a vanished object.
+    name: Box<str>,
+    namespace: Option<Box<str>>,
+    uid: Option<Box<str>>,
+    /// Events sent to the object so far.
+    sent: u64,
+    /// The user's state for this object.
+    memo: Memo,
+    /// The running worker, if any.
+    worker: Option<Addr<ObjectWorker>>,
+}
+
+/// The actor of one watched (resource, namespace).
+pub struct ResourceSupervisor {
+    config: SupervisorConfig,
+    label: String,
+    records: HashMap<Arc<str>, Record>,
+    /// Keys seen in the listing under way, to find what vanished when it completes.
+    listing: HashSet<Arc<str>>,
+    status: Option<Arc<WatchStatus>>,
+    watch: Option<tokio::task::JoinHandle<()>>,
+    shared: Option<WorkerShared>,
+}
+
+impl ResourceSupervisor {
+    /// A supervisor; start it with `Actor::start` on the actors' thread.
+    pub fn new(config: SupervisorConfig) -> Self {
+        let label = match &config.namespace {
+            Some(namespace) => format!("{} in {namespace}", config.resource),
+            None => config.resource.to_string(),
+        };
+        ResourceSupervisor {
+            config,
+            label,
+            records: HashMap::new(),
+            listing: HashSet::new(),
+            status: None,
+            watch: None,
+            shared: None,
+        }
+    }
+
+    /// The watch stream's health (available once started).
+    pub fn status(&self) -> Option<Arc<WatchStatus>> {
+        self.status.clone()
+    }
+
+    fn route(&mut self, event_type: EventType, object: DynamicObject, received: Instant) {
+        let key = key_of(&self.config.resource, &object);
+        let rv: Box<str> = object
+            .metadata
+            .resource_version
+            .as_deref()
+            .unwrap_or_default()
+            .into();
+        if event_type == EventType::Listed {
+            self.listing.insert(key.clone());
+            if self.records.get(&key).is_some_and(|r| r.rv == rv) {
+                return;
+            }
+        }
+        let Some(shared) = self.shared.clone() else {
+            return;
+        };
+        let record = self.records.entry(key.clone()).or_insert_with(|| Record {
+            rv: Box::from(""),
+            name: object.metadata.name.as_deref().unwrap_or_default().into(),
+            namespace: object.metadata.namespace.as_deref().map(Box::from),
+            uid: object.metadata.uid.as_deref().map(Box::from),
+            sent: 0,
+            memo: Memo::default(),
+            worker: None,
+        });
+        record.rv = rv;
+        record.sent += 1;
+        let worker = record.worker.get_or_insert_with(|| {
+            ObjectWorker::new(key.clone(), record.memo.clone(), shared).start()
+        });
+        worker.do_send(Deliver {
+            event_type,
+            body: Arc::new(object),
+            seq: record.sent,
+            received,
+        });
+        if event_type == EventType::Deleted {
+            // The worker finishes its last cycle on its own; the record goes with the object.
+            self.records.remove(&key);
+        }
+    }
+
+    /// A listing completed: whatever was known but not listed vanished while the stream was down.
+    fn finish_listing(&mut self, received: Instant) {
+        let listed = std::mem::take(&mut self.listing);
+        let vanished: Vec<Arc<str>> = self
+            .records
+            .keys()
+            .filter(|k| !listed.contains(*k))
+            .cloned()
+            .collect();
+        for key in vanished {
+            let Some(record) = self.records.get(&key) else {
+                continue;
+            };
+            let body = DynamicObject {
+                types: Some(kube::api::TypeMeta {
+                    api_version: self.config.resource.api_version(),
+                    kind: self.config.resource.kind.clone(),
+                }),
+                metadata: ObjectMeta {
+                    name: Some(record.name.to_string()),
+                    namespace: record.namespace.as_deref().map(String::from),
+                    uid: record.uid.as_deref().map(String::from),
+                    resource_version: Some(record.rv.to_string()),
+                    ..ObjectMeta::default()
+                },
+                data: serde_json::Value::Object(Default::default()),
+            };
+            tracing::debug!(supervisor = %self.label, object = %key, "the object vanished while the stream was down; dispatching its deletion");
+            self.route(EventType::Deleted, body, received);
+        }
+    }
+}
+
+impl Actor for ResourceSupervisor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let config = &self.config;
+        let api: Api<DynamicObject> = match &config.namespace {
+            Some(namespace) if config.resource.namespaced => Api::namespaced_with(
+                config.client.clone(),
+                namespace,
+                &config.resource.api_resource(),
+            ),
+            _ => Api::all_with(config.client.clone(), &config.resource.api_resource()),
+        };
+        self.shared = Some(WorkerShared {
+            resource: config.resource.clone(),
+            handlers: config.handlers.clone(),
+            client: config.client.clone(),
+            runtime: config.runtime.clone(),
+            limiter: config.limiter.clone(),
+            tracker: config.tracker.clone(),
+            idle_timeout: config.settings.queueing.idle_timeout,
+            supervisor: ctx.address().recipient(),
+        });
+        let mut watcher = Watcher::new(
+            api,
+            self.label.clone(),
+            config.settings.watching.clone(),
+            config.settings.networking.clone(),
+        );
+        self.status = Some(watcher.status());
+        let address = ctx.address();
+        tracing::debug!(supervisor = %self.label, "watching");
+        self.watch = Some(config.runtime.spawn(async move {
+            loop {
+                match watcher.next_batch().await {
+                    Ok(batch) => {
+                        if address.send(Batch(batch, Instant::now())).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(error) => {
+                        address.do_send(WatchEnded(error));
+                        return;
+                    }
+                }
+            }
+        }));
+    }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        if let Some(watch) = self.watch.take() {
+            watch.abort();
+        }
+        for record in self.records.values_mut() {
+            if let Some(worker) = record.worker.take() {
+                worker.do_send(Stop);
+            }
+        }
+        tracing::debug!(supervisor = %self.label, "stopped watching");
+    }
+}
+
+impl Handler<Batch> for ResourceSupervisor {
+    type Result = ();
+
+    fn handle(&mut self, Batch(items, received): Batch, _: &mut Context<Self>) {
+        for item in items {
+            match item {
+                WatchItem::Listed(object) => self.route(EventType::Listed, object, received),
+                WatchItem::ListDone => self.finish_listing(received),
+                WatchItem::Event(event_type, object) => self.route(event_type, object, received),
+            }
+        }
+    }
+}
+
+impl Handler<WatchEnded> for ResourceSupervisor {
+    type Result = ();
+
+    fn handle(&mut self, WatchEnded(error): WatchEnded, ctx: &mut Context<Self>) {
+        match &error {
+            WatchError::NotServed { .. } => {
+                tracing::warn!(supervisor = %self.label, %error, "the resource is no longer served; not watching it any more")
+            }
+            WatchError::Rejected { .. } => {
+                tracing::error!(supervisor = %self.label, %error, "the watch cannot go on")
+            }
+        }
+        ctx.stop();
+    }
+}
+
+impl Handler<Idle> for ResourceSupervisor {
+    type Result = ();
+
+    fn handle(&mut self, idle: Idle, _: &mut Context<Self>) {
+        if let Some(record) = self.records.get_mut(&idle.key) {
+            if record.sent == idle.seq {
+                if let Some(worker) = record.worker.take() {
+                    worker.do_send(Stop);
+                }
+            }
+        }
+    }
+}
+
+impl Handler<Shutdown> for ResourceSupervisor {
+    type Result = ();
+
+    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}
+
+impl Handler<Count> for ResourceSupervisor {
+    type Result = Census;
+
+    fn handle(&mut self, _: Count, _: &mut Context<Self>) -> Census {
+        Census {
+            objects: self.records.len(),
+            workers: self.records.values().filter(|r| r.worker.is_some()).count(),
+        }
+    }
+}
+
+/// The routing key of an object: its uid, or Kopf's fallback
+/// `kind//apiVersion//name//namespace//creationTimestamp` (with `-` for missing parts).
+pub fn key_of(resource: &Resource, object: &DynamicObject) -> Arc<str> {
+    if let Some(uid) = object.metadata.uid.as_deref().filter(|u| !u.is_empty()) {
+        return Arc::from(uid);
+    }
+    let api_version = object
+        .types
+        .as_ref()
+        .map_or_else(|| resource.api_version(), |t| t.api_version.clone());
+    let kind = object
+        .types
+        .as_ref()
+        .map_or(resource.kind.as_str(), |t| t.kind.as_str())
+        .to_string();
+    let part = |value: Option<&str>| value.filter(|v| !v.is_empty()).unwrap_or("-").to_string();
+    let created = object
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0.to_string());
+    Arc::from(format!(
+        "{}//{}//{}//{}//{}",
+        part(Some(&kind)),
+        part(Some(&api_version)),
+        part(object.metadata.name.as_deref()),
+        part(object.metadata.namespace.as_deref()),
+        part(created.as_deref())
+    ))
+}

@@ -1,0 +1,16 @@
+//! kactor's domain, with no actors in it: what the cluster serves and how users name it
+//! ([`resources`], `discovery`), which namespaces are served (`namespaces`), the handlers and their
+//! contexts ([`handlers`]), the settings ([`settings`]), and the watch stream of one resource in one
+//! namespace ([`watching`]), which turns list and watch requests into an ordered stream of events.
+//!
+//! It is not for: running anything concurrently (that is `kactor-actors`), or parsing arguments.
+//!
+//! Start with [`watching::Watcher`] and [`handlers::Registry`].
+
+pub mod discovery;
+pub mod handlers;
+pub mod logging;
+pub mod namespaces;
+pub mod resources;
+pub mod settings;
+pub mod watching;

@@ -1,0 +1,516 @@
+//! The watch stream of one resource in one namespace (or cluster-wide): list, then watch, forever.
+//!
+//! [`Watcher::next_batch`] drives an explicit state machine ([`State`]) and returns the next batch of
+//! [`WatchItem`]s: the objects of one listing page, or the watch events ready at that moment.
+//!
+//! **Expected flow**: list page by page (`limit`/`continue`, consistent as of the first page), then
+//! [`WatchItem::ListDone`]; watch from the listing's resourceVersion with bookmarks; when the stream
+//! ends (server timeout, disconnect), watch again from the last resourceVersion seen (an event's or a
+//! bookmark's); when the server says 410 Gone, list again from scratch; when nothing (not even a
+//! bookmark) came for `inactivity_timeout`, drop the stream and watch again.
+//!
+//! **Guarantees**
+//! * Events are delivered in the server's order, each once per stream; a resumed watch starts strictly
+//!   after the last delivered resourceVersion, so nothing is replayed and nothing is lost.
+//! * After a relist, every object that exists is delivered as [`WatchItem::Listed`] before
+//!   [`WatchItem::ListDone`]; deciding what did not change since it was last seen (and what vanished
+//!   during the gap) is the consumer's job, which knows what it saw.
+//! * API errors are retried with `networking.error_backoffs` (honouring a 429's `retryAfterSeconds`);
+//!   when the backoffs run out, the failure is recorded in [`WatchStatus`] (so health can report it)
+//!   and retries go on at the longest backoff until the API answers again.
+//!
+//! **Caveats**: a resource that stops being served (404, its CRD deleted) ends the watcher with
+//! [`WatchError::NotServed`]; a request the server rejects as invalid (400, 422) with
+//! [`WatchError::Rejected`]. Both are for the consumer to act on.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::stream::BoxStream;
+use futures::{FutureExt, StreamExt};
+use kube::api::{Api, DynamicObject, ListParams, WatchEvent, WatchParams};
+
+use crate::settings::{Networking, Watching};
+
+/// What happened to an object, as a watch stream tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventType {
+    /// Seen in a listing (Kopf's event type `None`).
+    Listed,
+    /// `ADDED`.
+    Added,
+    /// `MODIFIED`.
+    Modified,
+    /// `DELETED`.
+    Deleted,
+}
+
+impl EventType {
+    /// The wire name, or None for a listing (as Kopf's `event['type']`).
+    pub fn as_str(self) -> Option<&'static str> {
+        match self {
+            EventType::Listed => None,
+            EventType::Added => Some("ADDED"),
+            EventType::Modified => Some("MODIFIED"),
+            EventType::Deleted => Some("DELETED"),
+        }
+    }
+}
+
+/// One thing a watcher delivers.
+#[derive(Debug, Clone)]
+pub enum WatchItem {
+    /// An object as listed (initially, or after a relist).
+    Listed(DynamicObject),
+    /// The listing is complete: every existing object was just delivered as `Listed`.
+    ListDone,
+    /// A watch event.
+    Event(EventType, DynamicObject),
+}
+
+/// Why a watch stream was reopened (for metrics: `kactor_watch_restarts_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RestartReason {
+    /// The stream ended (server timeout, disconnect); resumed from the last resourceVersion.
+    Reconnect,
+    /// The server answered 410 Gone; listed again.
+    Relist410,
+    /// Nothing came for the inactivity timeout; resumed from the last resourceVersion.
+    Inactivity,
+    /// A request failed; retried after a backoff.
+    Error,
+}
+
+impl RestartReason {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RestartReason::Reconnect => "reconnect",
+            RestartReason::Relist410 => "relist_410",
+            RestartReason::Inactivity => "inactivity",
+            RestartReason::Error => "error",
+        }
+    }
+
+    const ALL: [RestartReason; 4] = [
+        RestartReason::Reconnect,
+        RestartReason::Relist410,
+        RestartReason::Inactivity,
+        RestartReason::Error,
+    ];
+}
+
+/// A watcher's health, shared with whoever reports it (health probes, metrics). Cheap to read.
+#[derive(Debug, Default)]
+pub struct WatchStatus {
+    /// Milliseconds since the epoch of the last response, event or bookmark.
+    last_activity_ms: AtomicU64,
+    /// Whether the initial listing has completed once.
+    listed: AtomicBool,
+    /// Restarts by reason, in the order of [`RestartReason::ALL`].
+    restarts: [AtomicU64; 4],
+    /// Events and listed objects received.
+    received: AtomicU64,
+    /// The failure the watcher could not recover from within its backoffs, while it lasts.
+    failing: Mutex<Option<String>>,
+}
+
+impl WatchStatus {
+    fn touch(&self) {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.last_activity_ms.store(now, Ordering::Relaxed);
+    }
+
+    fn restarted(&self, reason: RestartReason) {
+        if let Some(i) = RestartReason::ALL.iter().position(|r| *r == reason) {
+            self.restarts[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn set_failing(&self, failure: Option<String>) {
+        *self.failing.lock().unwrap_or_else(|p| p.into_inner()) = failure;
+    }
+
+    /// How long ago the stream last showed life.
+    pub fn idle_for(&self) -> Duration {
+        let last = self.last_activity_ms.load(Ordering::Relaxed);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        Duration::from_millis(now.saturating_sub(last))
+    }
+
+    /// Whether the initial listing has completed at least once.
+    pub fn is_listed(&self) -> bool {
+        self.listed.load(Ordering::Relaxed)
+    }
+
+    /// How often the stream was reopened for this reason.
+    pub fn restarts(&self, reason: RestartReason) -> u64 {
+        RestartReason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .map_or(0, |i| self.restarts[i].load(Ordering::Relaxed))
+    }
+
+    /// Events and listed objects received so far.
+    pub fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    /// The failure that outlasted the backoffs, if the watcher is failing now.
+    pub fn failing(&self) -> Option<String> {
+        self.failing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// Why a watcher stopped for good.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    /// The resource is not served (any more): 404 on list or watch.
+    #[error("{resource} is not served by the cluster (404): {message}")]
+    NotServed {
+        /// The resource, as `plural.version.group`.
+        resource: String,
+        /// The API server's message.
+        message: String,
+    },
+    /// The server rejected the request as invalid (a bad selector: 400, 422).
+    #[error("the API server rejected the watch of {resource} ({code}): {message}")]
+    Rejected {
+        /// The resource.
+        resource: String,
+        /// The HTTP status.
+        code: u16,
+        /// The API server's message.
+        message: String,
+    },
+}
+
+/// The states of the stream.
+enum State {
+    /// Nothing is known: the next step lists from the start.
+    Empty,
+    /// Listing page by page; `rv` is the listing's resourceVersion (from its first page).
+    Listing {
+        /// The token of the next page.
+        continue_token: Option<String>,
+        /// The first page's resourceVersion.
+        rv: Option<String>,
+    },
+    /// Everything up to `rv` is delivered and no stream is open: the next step opens one from `rv`.
+    Listed {
+        /// The last resourceVersion delivered (an event's, a bookmark's or the listing's).
+        rv: String,
+    },
+    /// A watch stream is open.
+    Watching {
+        /// The last resourceVersion delivered.
+        rv: String,
+        /// The stream.
+        stream: BoxStream<'static, kube::Result<WatchEvent<DynamicObject>>>,
+    },
+}
+
+/// The most events a batch takes from a stream without waiting.
+const MAX_BATCH: usize = 512;
+
+/// The watcher of one resource in one namespace (or cluster-wide).
+pub struct Watcher {
+    api: Api<DynamicObject>,
+    label: String,
+    params: ListParams,
+    watching: Watching,
+    networking: Networking,
+    state: State,
+    status: Arc<WatchStatus>,
+    /// Consecutive failures, indexing `networking.error_backoffs`.
+    failures: usize,
+}
+
+impl Watcher {
+    /// A watcher over `api` (namespaced or all-namespace); `label` names it in logs and errors.
+    pub fn new(
+        api: Api<DynamicObject>,
+        label: impl Into<String>,
+        watching: Watching,
+        networking: Networking,
+    ) -> Self {
+        Watcher {
+            api,
+            label: label.into(),
+            params: ListParams::default(),
+            watching,
+            networking,
+            state: State::Empty,
+            status: Arc::default(),
+            failures: 0,
+        }
+    }
+
+    /// Only objects with these labels (a server-side label selector).
+    pub fn labels(mut self, selector: &str) -> Self {
+        self.params = self.params.labels(selector);
+        self
+    }
+
+    /// The watcher's health, to share.
+    pub fn status(&self) -> Arc<WatchStatus> {
+        self.status.clone()
+    }
+
+    /// The next batch of items; waits until there is one. Retries every recoverable failure itself.
+    ///
+    /// Cancel-safe: dropping the future (in a `select!`) loses nothing. The state only changes once a
+    /// request has been answered; a dropped request is simply made again by the next call.
+    pub async fn next_batch(&mut self) -> Result<Vec<WatchItem>, WatchError> {
+        loop {
+            match &mut self.state {
+                State::Empty => {
+                    self.state = State::Listing {
+                        continue_token: None,
+                        rv: None,
+                    };
+                }
+                State::Listing { continue_token, rv } => {
+                    let mut params = self.params.clone();
+                    if self.watching.list_page_size > 0 {
+                        params = params.limit(self.watching.list_page_size);
+                    }
+                    if let Some(token) = continue_token.as_deref() {
+                        params = params.continue_token(token);
+                    }
+                    let first_rv = rv.clone();
+                    match self.api.list(&params).await {
+                        Ok(page) => {
+                            self.succeeded();
+                            let rv = first_rv
+                                .or(page.metadata.resource_version.clone())
+                                .unwrap_or_default();
+                            let mut items: Vec<WatchItem> =
+                                page.items.into_iter().map(WatchItem::Listed).collect();
+                            self.status
+                                .received
+                                .fetch_add(items.len() as u64, Ordering::Relaxed);
+                            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                                Some(token) => {
+                                    self.state = State::Listing {
+                                        continue_token: Some(token),
+                                        rv: Some(rv),
+                                    }
+                                }
+                                None => {
+                                    items.push(WatchItem::ListDone);
+                                    self.status.listed.store(true, Ordering::Relaxed);
+                                    self.state = State::Listed { rv };
+                                }
+                            }
+                            return Ok(items);
+                        }
+                        Err(error) if status_code(&error) == Some(410) => {
+                            tracing::info!(watcher = %self.label, "the listing expired (410 Gone); listing again");
+                            self.status.restarted(RestartReason::Relist410);
+                            self.state = State::Empty;
+                        }
+                        Err(error) => self.failed(error).await?,
+                    }
+                }
+                State::Listed { rv } => {
+                    let rv = rv.clone();
+                    let mut params = WatchParams::default();
+                    if let Some(selector) = &self.params.label_selector {
+                        params = params.labels(selector);
+                    }
+                    if let Some(timeout) = self.watching.server_timeout {
+                        params =
+                            params.timeout(timeout.as_secs().clamp(1, u64::from(u32::MAX)) as u32);
+                    }
+                    match self.api.watch(&params, &rv).await {
+                        Ok(stream) => {
+                            self.succeeded();
+                            self.state = State::Watching {
+                                rv,
+                                stream: stream.boxed(),
+                            };
+                        }
+                        Err(error) if status_code(&error) == Some(410) => {
+                            self.status.restarted(RestartReason::Relist410);
+                            self.state = State::Empty;
+                        }
+                        Err(error) => self.failed(error).await?,
+                    }
+                }
+                State::Watching { rv, stream } => {
+                    // Measured from the last sign of life, not from this call, so that a caller that
+                    // keeps cancelling and calling again does not postpone the timeout forever.
+                    let remaining = self
+                        .watching
+                        .inactivity_timeout
+                        .saturating_sub(self.status.idle_for());
+                    let first = tokio::time::timeout(remaining, stream.next()).await;
+                    let first = match first {
+                        Err(_) => {
+                            tracing::warn!(watcher = %self.label, timeout = ?self.watching.inactivity_timeout, "no event or bookmark within the inactivity timeout; reconnecting");
+                            self.status.restarted(RestartReason::Inactivity);
+                            self.state = State::Listed { rv: rv.clone() };
+                            continue;
+                        }
+                        Ok(None) => {
+                            self.status.restarted(RestartReason::Reconnect);
+                            self.state = State::Listed { rv: rv.clone() };
+                            tokio::time::sleep(self.watching.reconnect_backoff).await;
+                            continue;
+                        }
+                        Ok(Some(first)) => first,
+                    };
+                    // From here on nothing awaits until the state is settled: the batch cannot be lost.
+                    let mut items = Vec::new();
+                    let mut next = Some(first);
+                    let mut relist = false;
+                    let mut broken = false;
+                    while let Some(event) = next.take() {
+                        self.status.touch();
+                        match event {
+                            Ok(WatchEvent::Added(object)) => {
+                                push_event(&mut items, rv, EventType::Added, object)
+                            }
+                            Ok(WatchEvent::Modified(object)) => {
+                                push_event(&mut items, rv, EventType::Modified, object)
+                            }
+                            Ok(WatchEvent::Deleted(object)) => {
+                                push_event(&mut items, rv, EventType::Deleted, object)
+                            }
+                            Ok(WatchEvent::Bookmark(bookmark)) => {
+                                *rv = bookmark.metadata.resource_version
+                            }
+                            Ok(WatchEvent::Error(status)) if status.code == 410 => {
+                                tracing::info!(watcher = %self.label, message = %status.message, "the watch expired (410 Gone); listing again");
+                                relist = true;
+                            }
+                            Ok(WatchEvent::Error(status)) => {
+                                tracing::warn!(watcher = %self.label, code = status.code, message = %status.message, "the watch stream reported an error; reconnecting");
+                                broken = true;
+                            }
+                            Err(error) => {
+                                tracing::warn!(watcher = %self.label, %error, "the watch stream failed; reconnecting");
+                                broken = true;
+                            }
+                        }
+                        if !relist && !broken && items.len() < MAX_BATCH {
+                            // Whatever else is ready joins this batch; an ended stream shows on the next call.
+                            next = stream.next().now_or_never().flatten();
+                        }
+                    }
+                    self.status
+                        .received
+                        .fetch_add(items.len() as u64, Ordering::Relaxed);
+                    if relist {
+                        self.status.restarted(RestartReason::Relist410);
+                        self.state = State::Empty;
+                    } else if broken {
+                        self.status.restarted(RestartReason::Error);
+                        self.state = State::Listed { rv: rv.clone() };
+                    }
+                    if !items.is_empty() {
+                        return Ok(items);
+                    }
+                    if broken {
+                        tokio::time::sleep(self.watching.reconnect_backoff).await;
+                    }
+                }
+            }
+        }
+    }
+
+    fn succeeded(&mut self) {
+        self.status.touch();
+        if self.failures > 0 {
+            self.failures = 0;
+            if self.status.failing().is_some() {
+                tracing::info!(watcher = %self.label, "the API answers again; the watch goes on");
+            }
+            self.status.set_failing(None);
+        }
+    }
+
+    /// Decides what a failed request means: a backoff and a retry, or the end of the watcher.
+    async fn failed(&mut self, error: kube::Error) -> Result<(), WatchError> {
+        let resource = self.label.clone();
+        match status_of(&error) {
+            Some((404, message)) => return Err(WatchError::NotServed { resource, message }),
+            Some((code @ (400 | 422), message)) => {
+                return Err(WatchError::Rejected {
+                    resource,
+                    code,
+                    message,
+                })
+            }
+            _ => {}
+        }
+        self.status.restarted(RestartReason::Error);
+        let backoffs = &self.networking.error_backoffs;
+        let mut delay = backoffs
+            .get(self.failures)
+            .or(backoffs.last())
+            .copied()
+            .unwrap_or(Duration::from_secs(1));
+        if let Some(seconds) = retry_after(&error) {
+            delay = delay.max(Duration::from_secs(seconds));
+        }
+        self.failures += 1;
+        if self.failures > backoffs.len() {
+            let failure = format!("{resource}: {error}");
+            if self.status.failing().as_deref() != Some(failure.as_str()) {
+                tracing::error!(watcher = %resource, %error, "the watch keeps failing after {} retries; still retrying every {:?}", backoffs.len(), delay);
+            }
+            self.status.set_failing(Some(failure));
+        } else {
+            tracing::warn!(watcher = %resource, %error, ?delay, "an API request of the watch failed; retrying");
+        }
+        tokio::time::sleep(delay).await;
+        Ok(())
+    }
+}
+
+fn push_event(
+    items: &mut Vec<WatchItem>,
+    rv: &mut String,
+    type_: EventType,
+    object: DynamicObject,
+) {
+    if let Some(version) = &object.metadata.resource_version {
+        rv.clone_from(version);
+    }
+    items.push(WatchItem::Event(type_, object));
+}
+
+fn status_code(error: &kube::Error) -> Option<u16> {
+    match error {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}
+
+fn status_of(error: &kube::Error) -> Option<(u16, String)> {
+    match error {
+        kube::Error::Api(status) => Some((status.code, status.message.clone())),
+        _ => None,
+    }
+}
+
+fn retry_after(error: &kube::Error) -> Option<u64> {
+    match error {
+        kube::Error::Api(status) if status.code == 429 => status
+            .details
+            .as_ref()
+            .map(|d| u64::from(d.retry_after_seconds))
+            .filter(|s| *s > 0),
+        _ => None,
+    }
+}

@@ -1,0 +1,652 @@
+//! The command line every kactor operator accepts, as Kopf's `kopf run`: which namespaces to serve
+//! (`-n`, `-A`) and how to log (`-v`, `-d`, `-q`, `--log-format`, `--log-refkey`, `--log-prefix`).
+//!
+//! `run` is the default command, so `my-operator -n team-a` and `my-operator run -n team-a` are the
+//! same. Every option can also come from an environment variable `KACTOR_...` (Kopf's are
+//! `KOPF_RUN_...`), which a Deployment sets more easily than arguments; the command line wins.
+//!
+//! ```
+//! use kactor::cli::{OperatorCli, Scope};
+//!
+//! let cli = OperatorCli::parse_from(["my-operator", "-n", "team-a", "-n", "team-b,!team-b-tmp"])?;
+//! assert_eq!(
+//!     cli.run_args().scope(),
+//!     Scope::Namespaces(vec!["team-a".into(), "team-b,!team-b-tmp".into()]),
+//! );
+//! # Ok::<(), clap::Error>(())
+//! ```
+
+use std::ffi::OsString;
+
+use clap::builder::BoolishValueParser;
+use clap::error::ErrorKind;
+use clap::parser::ValueSource;
+use clap::{ArgAction, ArgMatches, CommandFactory, FromArgMatches, Parser};
+use tracing::Level;
+
+use crate::logging::{LogFormat, LogSettings};
+
+/// The warning for an operator started with neither `--namespace` nor `--all-namespaces`, as Kopf's
+/// `FutureWarning`.
+const IMPLICIT_CLUSTER_WIDE: &str = "no --namespace or --all-namespaces given: serving the whole \
+     cluster; pass -A to say so, or -n to restrict";
+
+/// The options of `run`, the command that runs the operator (Kopf's `kopf run`).
+///
+/// Options for peering (`--standalone`, `-P/--peering`, `-p/--priority`, `--dev`) and for health
+/// (`-L/--liveness`) join this struct with the issues that bring those features; build it through
+/// clap, not by a struct literal, to stay compatible with them.
+///
+/// Two rules live in [`OperatorCli::parse_from`], not in clap's attributes (which would count values
+/// from the environment as given on the command line): `-n` with `-A` is a usage error, and the later
+/// of `--log-prefix`/`--no-log-prefix` wins. A program flattening `RunArgs` into its own parser gets
+/// neither; [`scope`](Self::scope) and [`log_settings`](Self::log_settings) then let `-A` and
+/// `--no-log-prefix` win.
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct RunArgs {
+    /// Serve only the namespaces that match; repeat for more.
+    ///
+    /// Each value is a pattern, or a comma-separated list of them: globs with `*` and `?`, and
+    /// `!negations` (`-n 'team-*,!team-x'`). The first pattern decides; a leading negation means
+    /// "all but". Cannot be combined with --all-namespaces.
+    #[arg(
+        short = 'n',
+        long = "namespace",
+        value_name = "NS",
+        env = "KACTOR_NAMESPACE",
+        action = ArgAction::Append,
+    )]
+    pub namespaces: Vec<String>,
+
+    /// Serve all namespaces, with cluster-wide requests.
+    ///
+    /// The operator lists and watches its resources cluster-wide and needs ClusterRole permissions.
+    /// Cannot be combined with --namespace.
+    #[arg(
+        short = 'A',
+        long,
+        env = "KACTOR_ALL_NAMESPACES",
+        action = ArgAction::SetTrue,
+        value_parser = BoolishValueParser::new(),
+    )]
+    pub all_namespaces: bool,
+
+    /// Log DEBUG messages too, as --debug.
+    #[arg(
+        short,
+        long,
+        env = "KACTOR_VERBOSE",
+        action = ArgAction::SetTrue,
+        value_parser = BoolishValueParser::new(),
+    )]
+    pub verbose: bool,
+
+    /// Log DEBUG messages too, as --verbose.
+    ///
+    /// Dependencies (hyper, kube's client, actix, ...) stay at WARN; set RUST_LOG (e.g.
+    /// RUST_LOG=debug) to see them, or for any finer filter.
+    #[arg(
+        short,
+        long,
+        env = "KACTOR_DEBUG",
+        action = ArgAction::SetTrue,
+        value_parser = BoolishValueParser::new(),
+    )]
+    pub debug: bool,
+
+    /// Log warnings and errors only.
+    ///
+    /// --verbose and --debug win over it, as in Kopf.
+    #[arg(
+        short,
+        long,
+        env = "KACTOR_QUIET",
+        action = ArgAction::SetTrue,
+        value_parser = BoolishValueParser::new(),
+    )]
+    pub quiet: bool,
+
+    /// How log lines look.
+    ///
+    /// `full`: time, logger, level, message; `plain`: the message only; `json`: one JSON object per
+    /// line, with the object's reference under --log-refkey.
+    #[arg(
+        long,
+        value_name = "FORMAT",
+        value_enum,
+        env = "KACTOR_LOG_FORMAT",
+        default_value_t = LogFormat::Full,
+    )]
+    pub log_format: LogFormat,
+
+    /// The JSON key for the object a message is about.
+    ///
+    /// It holds `{apiVersion, kind, name, uid, namespace}`. Only the json format uses it.
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "KACTOR_LOG_REFKEY",
+        default_value = "object"
+    )]
+    pub log_refkey: String,
+
+    /// Start messages about an object with `[namespace/name] `.
+    ///
+    /// The default is on for the full and plain formats and off for json, as in Kopf.
+    #[arg(
+        long,
+        value_name = "BOOL",
+        env = "KACTOR_LOG_PREFIX",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = BoolishValueParser::new(),
+    )]
+    pub log_prefix: Option<bool>,
+
+    /// Do not start messages about an object with `[namespace/name] ` (as KACTOR_LOG_PREFIX=false).
+    #[arg(long, action = ArgAction::SetTrue)]
+    pub no_log_prefix: bool,
+}
+
+/// Which namespaces the operator serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// All namespaces, with cluster-wide list and watch requests (`-A`, or no option at all).
+    ClusterWide,
+    /// The namespaces matching these patterns, one string per `-n` option, each possibly a
+    /// comma-separated list of globs and negations (Kopf's syntax), matched against the namespaces
+    /// that exist, which the operator then watches one by one.
+    Namespaces(Vec<String>),
+}
+
+impl RunArgs {
+    /// The namespaces to serve: [`Scope::Namespaces`] with `-n`, else [`Scope::ClusterWide`].
+    ///
+    /// [`OperatorCli::parse_from`] rejects `-n` with `-A`; a `RunArgs` parsed otherwise with both is
+    /// cluster-wide.
+    pub fn scope(&self) -> Scope {
+        if self.all_namespaces || self.namespaces.is_empty() {
+            Scope::ClusterWide
+        } else {
+            Scope::Namespaces(self.namespaces.clone())
+        }
+    }
+
+    /// The warning to log at startup when the scope is cluster-wide only because neither `-n` nor `-A`
+    /// was given (as Kopf's `FutureWarning`); `None` when the scope was chosen explicitly.
+    pub fn scope_warning(&self) -> Option<&'static str> {
+        (!self.all_namespaces && self.namespaces.is_empty()).then_some(IMPLICIT_CLUSTER_WIDE)
+    }
+
+    /// The log settings these options give, for [`crate::logging::init`]: DEBUG with `-v` or `-d`,
+    /// else WARN with `-q`, else INFO; the prefix as `--log-prefix`/`--no-log-prefix` say, else on for
+    /// the text formats and off for json.
+    pub fn log_settings(&self) -> LogSettings {
+        let level = if self.verbose || self.debug {
+            Level::DEBUG
+        } else if self.quiet {
+            Level::WARN
+        } else {
+            Level::INFO
+        };
+        let prefix = if self.no_log_prefix {
+            false
+        } else {
+            self.log_prefix
+                .unwrap_or_else(|| self.log_format.default_prefix())
+        };
+        LogSettings {
+            level,
+            format: self.log_format,
+            refkey: self.log_refkey.clone(),
+            prefix,
+        }
+    }
+}
+
+/// The command line of an operator: `run` (the default) and its [`RunArgs`], `--help` and
+/// `--version`.
+///
+/// `run` is implied: `my-operator -n ns1` is `my-operator run -n ns1`. Options given before `run`
+/// are a usage error (`my-operator -v run`), so that there is one place for them.
+///
+/// `--version` prints kactor's version.
+#[derive(Parser, Debug, Clone, PartialEq)]
+#[command(
+    version,
+    about = "A Kubernetes operator, made with kactor",
+    long_about = None,
+    args_conflicts_with_subcommands = true,
+    disable_help_subcommand = true
+)]
+pub struct OperatorCli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+/// The commands; more (e.g. Kopf's `freeze` and `resume`) may come.
+#[derive(clap::Subcommand, Debug, Clone, PartialEq)]
+enum Command {
+    /// Run the operator (the default command).
+    Run(RunArgs),
+}
+
+impl OperatorCli {
+    /// Parses a command line, the program's name first (as [`std::env::args_os`] gives it).
+    ///
+    /// `--help`, `--version` and usage errors are returned as a [`clap::Error`]; its
+    /// [`exit`](clap::Error::exit) prints them and exits with the right code (0 for help and version,
+    /// 2 for usage errors).
+    ///
+    /// ```no_run
+    /// use kactor::cli::OperatorCli;
+    ///
+    /// let cli = match OperatorCli::parse_from(std::env::args_os()) {
+    ///     Ok(cli) => cli,
+    ///     Err(error) => error.exit(),
+    /// };
+    /// ```
+    pub fn parse_from<I, T>(args: I) -> Result<OperatorCli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        let mut command = <OperatorCli as CommandFactory>::command();
+        let matches = command.try_get_matches_from_mut(args)?;
+        let mut cli = <OperatorCli as FromArgMatches>::from_arg_matches(&matches)
+            .map_err(|error| error.format(&mut command))?;
+        let run_matches = match matches.subcommand() {
+            Some((_, run_matches)) => run_matches,
+            None => &matches,
+        };
+        let run = match &mut cli.command {
+            Some(Command::Run(args)) => args,
+            None => &mut cli.run,
+        };
+        // The checks below are not clap's `conflicts_with`/`overrides_with`, because clap counts values
+        // from the environment as given: `KACTOR_ALL_NAMESPACES=false -n ns1` would be a conflict, and
+        // `KACTOR_LOG_PREFIX=true --no-log-prefix` too.
+        if run.all_namespaces && !run.namespaces.is_empty() {
+            return Err(command.error(
+                ErrorKind::ArgumentConflict,
+                "--namespace and --all-namespaces cannot be used together (KACTOR_NAMESPACE and \
+                 KACTOR_ALL_NAMESPACES=true count too): use -n to serve some namespaces, or -A to \
+                 serve all of them",
+            ));
+        }
+        resolve_log_prefix(run, run_matches);
+        Ok(cli)
+    }
+
+    /// The options of `run`, whether `run` was written or implied.
+    pub fn run_args(&self) -> &RunArgs {
+        match &self.command {
+            Some(Command::Run(args)) => args,
+            None => &self.run,
+        }
+    }
+
+    /// The options of `run`, by value.
+    pub fn into_run_args(self) -> RunArgs {
+        match self.command {
+            Some(Command::Run(args)) => args,
+            None => self.run,
+        }
+    }
+}
+
+/// Makes the later of `--log-prefix` and `--no-log-prefix` win, and either of them win over
+/// `KACTOR_LOG_PREFIX`.
+fn resolve_log_prefix(run: &mut RunArgs, matches: &ArgMatches) {
+    if !run.no_log_prefix || run.log_prefix.is_none() {
+        return;
+    }
+    let given = matches.value_source("log_prefix") == Some(ValueSource::CommandLine);
+    if given && matches.index_of("log_prefix") > matches.index_of("no_log_prefix") {
+        run.no_log_prefix = false;
+    } else {
+        run.log_prefix = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Serialises the tests that read or write the `KACTOR_*` environment variables, which the test
+    /// threads share.
+    static ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    thread_local! {
+        /// Whether this thread holds [`ENV`] (inside [`with_env`]).
+        static HOLDS_ENV: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    fn lock_env() -> std::sync::MutexGuard<'static, ()> {
+        ENV.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Parses `my-operator ARGS...`, never while another test changes the environment.
+    fn cli(args: &[&str]) -> Result<OperatorCli, clap::Error> {
+        let mut argv = vec!["my-operator"];
+        argv.extend_from_slice(args);
+        if HOLDS_ENV.get() {
+            OperatorCli::parse_from(argv)
+        } else {
+            let _guard = lock_env();
+            OperatorCli::parse_from(argv)
+        }
+    }
+
+    fn parse(args: &[&str]) -> Result<RunArgs, clap::Error> {
+        cli(args).map(OperatorCli::into_run_args)
+    }
+
+    /// Runs `check` with these environment variables set.
+    fn with_env(vars: &[(&str, &str)], check: impl FnOnce()) {
+        let _guard = lock_env();
+        HOLDS_ENV.set(true);
+        for (name, value) in vars {
+            std::env::set_var(name, value);
+        }
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(check));
+        for (name, _) in vars {
+            std::env::remove_var(name);
+        }
+        HOLDS_ENV.set(false);
+        if let Err(panic) = result {
+            std::panic::resume_unwind(panic);
+        }
+    }
+
+    #[test]
+    fn no_options_is_cluster_wide_with_a_warning() {
+        let args = parse(&[]).unwrap();
+        assert_eq!(args.scope(), Scope::ClusterWide);
+        assert_eq!(
+            args.scope_warning(),
+            Some(
+                "no --namespace or --all-namespaces given: serving the whole cluster; \
+                 pass -A to say so, or -n to restrict"
+            )
+        );
+    }
+
+    #[test]
+    fn all_namespaces_is_cluster_wide_without_a_warning() {
+        for flag in ["-A", "--all-namespaces"] {
+            let args = parse(&[flag]).unwrap();
+            assert!(args.all_namespaces);
+            assert_eq!(args.scope(), Scope::ClusterWide);
+            assert_eq!(args.scope_warning(), None);
+        }
+    }
+
+    #[test]
+    fn namespaces_keep_one_pattern_per_option() {
+        let args = parse(&["-n", "a", "--namespace", "b,!c", "--namespace=d*"]).unwrap();
+        assert_eq!(
+            args.scope(),
+            Scope::Namespaces(vec!["a".into(), "b,!c".into(), "d*".into()])
+        );
+        assert_eq!(args.scope_warning(), None);
+    }
+
+    #[test]
+    fn namespace_and_all_namespaces_is_a_usage_error() {
+        let error = parse(&["-n", "x", "-A"]).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::ArgumentConflict);
+        let error = parse(&["-A", "run"]).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::ArgumentConflict);
+        let error = parse(&["run", "-A", "--namespace", "x"]).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::ArgumentConflict);
+    }
+
+    #[test]
+    fn run_is_the_default_command() {
+        let implied = cli(&["-n", "ns1", "-v"]).unwrap();
+        let explicit = cli(&["run", "-n", "ns1", "-v"]).unwrap();
+        assert_eq!(implied.run_args(), explicit.run_args());
+        assert_eq!(
+            explicit.run_args().scope(),
+            Scope::Namespaces(vec!["ns1".into()])
+        );
+        assert_eq!(implied.into_run_args(), explicit.into_run_args());
+        assert_eq!(parse(&[]).unwrap(), parse(&["run"]).unwrap());
+    }
+
+    #[test]
+    fn options_before_an_explicit_run_are_a_usage_error() {
+        assert!(parse(&["-v", "run"]).is_err());
+    }
+
+    #[test]
+    fn log_level_is_info_by_default() {
+        assert_eq!(parse(&[]).unwrap().log_settings().level, Level::INFO);
+    }
+
+    #[test]
+    fn verbose_and_debug_give_debug() {
+        for flag in ["-v", "--verbose", "-d", "--debug"] {
+            assert_eq!(
+                parse(&[flag]).unwrap().log_settings().level,
+                Level::DEBUG,
+                "{flag}"
+            );
+        }
+    }
+
+    #[test]
+    fn quiet_gives_warn_unless_verbose() {
+        for flag in ["-q", "--quiet"] {
+            assert_eq!(parse(&[flag]).unwrap().log_settings().level, Level::WARN);
+        }
+        assert_eq!(
+            parse(&["-q", "-v"]).unwrap().log_settings().level,
+            Level::DEBUG
+        );
+        assert_eq!(
+            parse(&["-d", "-q"]).unwrap().log_settings().level,
+            Level::DEBUG
+        );
+    }
+
+    #[test]
+    fn log_format_defaults_to_full_with_prefix_and_object_refkey() {
+        let settings = parse(&[]).unwrap().log_settings();
+        assert_eq!(
+            settings,
+            LogSettings {
+                level: Level::INFO,
+                format: LogFormat::Full,
+                refkey: "object".into(),
+                prefix: true,
+            }
+        );
+    }
+
+    #[test]
+    fn log_format_json_has_no_prefix_by_default() {
+        let settings = parse(&["--log-format", "json"]).unwrap().log_settings();
+        assert_eq!(settings.format, LogFormat::Json);
+        assert!(!settings.prefix);
+        let settings = parse(&["--log-format=plain"]).unwrap().log_settings();
+        assert_eq!(settings.format, LogFormat::Plain);
+        assert!(settings.prefix);
+    }
+
+    #[test]
+    fn unknown_log_format_is_a_usage_error() {
+        let error = parse(&["--log-format", "xml"]).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::InvalidValue);
+    }
+
+    #[test]
+    fn log_refkey_is_taken() {
+        let settings = parse(&["--log-refkey", "k8s_obj"]).unwrap().log_settings();
+        assert_eq!(settings.refkey, "k8s_obj");
+    }
+
+    #[test]
+    fn log_prefix_flags_override_the_format_default_and_each_other() {
+        let prefix = |args: &[&str]| parse(args).unwrap().log_settings().prefix;
+        assert!(prefix(&["--log-format", "json", "--log-prefix"]));
+        assert!(!prefix(&["--no-log-prefix"]));
+        assert!(!prefix(&["--log-prefix=false"]));
+        assert!(prefix(&["--no-log-prefix", "--log-prefix"]));
+        assert!(!prefix(&["--log-prefix", "--no-log-prefix"]));
+    }
+
+    #[test]
+    fn every_option_reads_its_environment_variable() {
+        with_env(
+            &[
+                ("KACTOR_NAMESPACE", "team-*,!team-x"),
+                ("KACTOR_VERBOSE", "true"),
+                ("KACTOR_LOG_FORMAT", "json"),
+                ("KACTOR_LOG_REFKEY", "k8s_obj"),
+                ("KACTOR_LOG_PREFIX", "yes"),
+            ],
+            || {
+                let args = parse(&[]).unwrap();
+                assert_eq!(
+                    args.scope(),
+                    Scope::Namespaces(vec!["team-*,!team-x".into()])
+                );
+                assert_eq!(
+                    args.log_settings(),
+                    LogSettings {
+                        level: Level::DEBUG,
+                        format: LogFormat::Json,
+                        refkey: "k8s_obj".into(),
+                        prefix: true,
+                    }
+                );
+                // The same through an explicit `run`.
+                assert_eq!(parse(&["run"]).unwrap(), args);
+            },
+        );
+        with_env(
+            &[
+                ("KACTOR_ALL_NAMESPACES", "1"),
+                ("KACTOR_QUIET", "true"),
+                ("KACTOR_LOG_PREFIX", "false"),
+            ],
+            || {
+                let args = parse(&[]).unwrap();
+                assert_eq!(args.scope(), Scope::ClusterWide);
+                assert_eq!(args.scope_warning(), None);
+                assert_eq!(args.log_settings().level, Level::WARN);
+                assert!(!args.log_settings().prefix);
+            },
+        );
+        with_env(&[("KACTOR_DEBUG", "on")], || {
+            assert_eq!(parse(&[]).unwrap().log_settings().level, Level::DEBUG);
+        });
+    }
+
+    #[test]
+    fn false_environment_flags_are_off() {
+        with_env(
+            &[
+                ("KACTOR_ALL_NAMESPACES", "false"),
+                ("KACTOR_VERBOSE", "no"),
+                ("KACTOR_QUIET", "0"),
+            ],
+            || {
+                let args = parse(&["-n", "ns1"]).unwrap();
+                assert!(!args.all_namespaces);
+                assert_eq!(args.scope(), Scope::Namespaces(vec!["ns1".into()]));
+                assert_eq!(args.log_settings().level, Level::INFO);
+            },
+        );
+    }
+
+    #[test]
+    fn command_line_wins_over_the_environment() {
+        with_env(
+            &[
+                ("KACTOR_NAMESPACE", "from-env"),
+                ("KACTOR_LOG_FORMAT", "json"),
+                ("KACTOR_LOG_PREFIX", "true"),
+            ],
+            || {
+                let args =
+                    parse(&["-n", "from-cli", "--log-format", "plain", "--no-log-prefix"]).unwrap();
+                assert_eq!(args.scope(), Scope::Namespaces(vec!["from-cli".into()]));
+                assert_eq!(args.log_settings().format, LogFormat::Plain);
+                assert!(!args.log_settings().prefix);
+            },
+        );
+    }
+
+    #[test]
+    fn namespace_from_the_environment_and_all_namespaces_is_a_usage_error() {
+        with_env(&[("KACTOR_NAMESPACE", "ns1")], || {
+            let error = parse(&["-A"]).unwrap_err();
+            assert_eq!(error.kind(), ErrorKind::ArgumentConflict);
+            assert!(error
+                .to_string()
+                .contains("--namespace and --all-namespaces cannot be used together"));
+        });
+    }
+
+    #[test]
+    fn log_prefix_on_the_command_line_wins_over_the_environment() {
+        with_env(&[("KACTOR_LOG_PREFIX", "false")], || {
+            assert!(parse(&["--log-prefix"]).unwrap().log_settings().prefix);
+            assert!(!parse(&[]).unwrap().log_settings().prefix);
+        });
+        with_env(&[("KACTOR_LOG_PREFIX", "true")], || {
+            let args = parse(&["--log-format", "json", "--no-log-prefix"]).unwrap();
+            assert!(!args.log_settings().prefix);
+            assert!(
+                parse(&["--log-format", "json"])
+                    .unwrap()
+                    .log_settings()
+                    .prefix
+            );
+        });
+    }
+
+    #[test]
+    fn help_explains_every_option() {
+        let error = parse(&["--help"]).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::DisplayHelp);
+        let help = error.render().to_string();
+        for needle in [
+            "-n, --namespace <NS>",
+            "KACTOR_NAMESPACE",
+            "-A, --all-namespaces",
+            "KACTOR_ALL_NAMESPACES",
+            "-v, --verbose",
+            "-d, --debug",
+            "-q, --quiet",
+            "--log-format <FORMAT>",
+            "KACTOR_LOG_FORMAT",
+            "--log-refkey <KEY>",
+            "--log-prefix",
+            "--no-log-prefix",
+            "Serve only the namespaces that match",
+            "one JSON object per",
+        ] {
+            assert!(help.contains(needle), "{needle:?} missing from:\n{help}");
+        }
+        let error = parse(&["run", "--help"]).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::DisplayHelp);
+        assert!(error.render().to_string().contains("--log-refkey <KEY>"));
+    }
+
+    #[test]
+    fn version_is_kactors() {
+        let error = parse(&["--version"]).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::DisplayVersion);
+        assert!(error
+            .render()
+            .to_string()
+            .contains(env!("CARGO_PKG_VERSION")));
+    }
+}

@@ -1,0 +1,48 @@
+//! The errors an operator can stop with. Each says, on one line, what happened and what to do.
+
+use kactor_reactor::discovery::{DiscoveryError, ResolveError};
+use kactor_reactor::namespaces::PatternError;
+
+/// Why an operator could not start, or stopped.
+#[derive(thiserror::Error)]
+pub enum Error {
+    /// No credentials were found, or they are unusable.
+    #[error("no usable Kubernetes credentials: {0}; set KUBECONFIG, use ~/.kube/config, or run in a pod with a service account")]
+    Credentials(String),
+    /// Discovery failed (the API is unreachable, or refuses).
+    #[error(transparent)]
+    Discovery(#[from] DiscoveryError),
+    /// A handler's resource does not exist, is ambiguous, or cannot be watched.
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
+    /// A `--namespace` pattern is invalid.
+    #[error("invalid namespace pattern: {0}")]
+    Namespaces(#[from] PatternError),
+    /// A startup activity failed.
+    #[error("startup handler '{id}' failed: {message}; the operator does not start")]
+    Startup {
+        /// The activity's id.
+        id: String,
+        /// Its error.
+        message: String,
+    },
+    /// The actors' thread could not run.
+    #[error(transparent)]
+    Actors(#[from] kactor_actors::system::SystemError),
+    /// A second stop signal arrived during the graceful shutdown.
+    #[error("interrupted by a second signal during shutdown; exited without waiting for handlers and cleanup")]
+    Interrupted,
+    /// Logging could not be set up.
+    #[error(transparent)]
+    Logging(#[from] crate::logging::LoggingError),
+}
+
+/// One line, as `Display`: `main` returning this error prints a clear message, not a struct dump.
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
+/// kactor's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

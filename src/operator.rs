@@ -1,0 +1,588 @@
+//! The `Operator` builder, and the run loop that turns its handlers into watched resources.
+//!
+//! **Expected flow** of [`Operator::run_until`]:
+//! 1. connect (the given client, or credentials from the usual places: in-cluster service account,
+//!    `KUBECONFIG`, `~/.kube/config`);
+//! 2. run the startup activities, in order; a failure stops the operator (as in Kopf);
+//! 3. discover what the cluster serves and resolve every handler's resource; a name that matches
+//!    nothing, or several things, is an error; a full group/version/plural that is not served yet is
+//!    served as soon as its CRD appears;
+//! 4. start a [`ResourceSupervisor`] per (resource, namespace): cluster-wide, or per namespace matching
+//!    the patterns, following namespaces as they are created and deleted, and CRDs as they appear and
+//!    go;
+//! 5. on the stop signal: stop watching, give running handlers `queueing.exit_timeout` to finish and
+//!    cancel the rest, run the cleanup activities; a second signal returns at once.
+
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::sync::Arc;
+
+use actix::Addr;
+use futures::FutureExt;
+use kactor_actors::supervisor::{ResourceSupervisor, Shutdown, SupervisorConfig};
+use kactor_actors::system::ActorSystem;
+use kactor_actors::tracker::Tracker;
+use kactor_reactor::discovery::{self, ResolveError};
+use kactor_reactor::handlers::{
+    Activity, ActivityCtx, Ctx, EventHandler, HandlerResult, Memo, Registry,
+};
+use kactor_reactor::namespaces::NamespacePatterns;
+use kactor_reactor::resources::{Resource, Selector};
+use kactor_reactor::settings::Settings;
+use kactor_reactor::watching::{WatchItem, Watcher};
+use kube::api::{Api, DynamicObject};
+use tokio::sync::Semaphore;
+
+use crate::cli::{OperatorCli, Scope};
+use crate::error::{Error, Result};
+
+/// An operator: handlers, settings, and where to run them.
+///
+/// ```no_run
+/// use kactor::prelude::*;
+///
+/// # async fn example() -> kactor::Result<()> {
+/// Operator::new()
+///     .on_event("widgets.example.com", "log_event", |ctx: Ctx| async move {
+///         tracing::info!("{:?} {}", ctx.kopf_type(), ctx.name());
+///         Ok(())
+///     })
+///     .run_from_args()
+///     .await
+/// # }
+/// ```
+pub struct Operator {
+    registry: Registry,
+    settings: Settings,
+    client: Option<kube::Client>,
+    scope: Scope,
+    memo: Memo,
+}
+
+impl Default for Operator {
+    fn default() -> Self {
+        Operator::new()
+    }
+}
+
+impl Operator {
+    /// An operator with no handlers, Kopf's default settings, serving the whole cluster.
+    pub fn new() -> Self {
+        Operator {
+            registry: Registry::default(),
+            settings: Settings::default(),
+            client: None,
+            scope: Scope::ClusterWide,
+            memo: Memo::default(),
+        }
+    }
+
+    /// Changes the settings.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// let operator = Operator::new().settings(|s| s.watching.inactivity_timeout = std::time::Duration::from_secs(30));
+    /// ```
+    pub fn settings(mut self, change: impl FnOnce(&mut Settings)) -> Self {
+        change(&mut self.settings);
+        self
+    }
+
+    /// Uses this client instead of finding credentials.
+    pub fn client(mut self, client: kube::Client) -> Self {
+        self.client = Some(client);
+        self
+    }
+
+    /// Serves only the namespaces matching these patterns (`-n`).
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// let operator = Operator::new().namespaces(["team-*", "!team-legacy"]);
+    /// ```
+    pub fn namespaces<I: IntoIterator<Item = S>, S: Into<String>>(mut self, patterns: I) -> Self {
+        self.scope = Scope::Namespaces(patterns.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Serves the whole cluster (`-A`, the default).
+    pub fn cluster_wide(mut self) -> Self {
+        self.scope = Scope::ClusterWide;
+        self
+    }
+
+    /// Sets the scope.
+    pub fn scope(mut self, scope: Scope) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    /// The operator-wide memo given to activities.
+    pub fn memo(&self) -> Memo {
+        self.memo.clone()
+    }
+
+    /// Registers a handler for every watch event of a resource's objects, the initial listing
+    /// included (event type `Listed`, Kopf's `None`). Errors are logged and never retried.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// let operator = Operator::new().on_event(("example.com", "v1", "widgets"), "audit", |ctx: Ctx| async move {
+    ///     println!("{:?} {}/{}", ctx.event_type, ctx.namespace().unwrap_or_default(), ctx.name());
+    ///     Ok(())
+    /// });
+    /// ```
+    pub fn on_event<S, F, Fut>(mut self, resource: S, id: &str, handler: F) -> Self
+    where
+        S: Into<Selector>,
+        F: Fn(Ctx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = HandlerResult> + Send + 'static,
+    {
+        let func = Arc::new(move |ctx: Ctx| handler(ctx).boxed());
+        self.registry.event_handlers.push(EventHandler {
+            id: id.to_string(),
+            selector: resource.into(),
+            func,
+        });
+        self
+    }
+
+    /// Registers a startup activity: it runs before anything is watched; its failure stops the operator.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// let operator = Operator::new().on_startup("connect", |ctx: ActivityCtx| async move { Ok(()) });
+    /// ```
+    pub fn on_startup<F, Fut>(mut self, id: &str, activity: F) -> Self
+    where
+        F: Fn(ActivityCtx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = HandlerResult> + Send + 'static,
+    {
+        self.registry.startup.push(Activity {
+            id: id.to_string(),
+            func: Arc::new(move |ctx| activity(ctx).boxed()),
+        });
+        self
+    }
+
+    /// Registers a cleanup activity: it runs at exit, after watching stopped and handlers finished.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// let operator = Operator::new().on_cleanup("disconnect", |ctx: ActivityCtx| async move { Ok(()) });
+    /// ```
+    pub fn on_cleanup<F, Fut>(mut self, id: &str, activity: F) -> Self
+    where
+        F: Fn(ActivityCtx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = HandlerResult> + Send + 'static,
+    {
+        self.registry.cleanup.push(Activity {
+            id: id.to_string(),
+            func: Arc::new(move |ctx| activity(ctx).boxed()),
+        });
+        self
+    }
+
+    /// Parses the command line (`run` is the default subcommand; see [`crate::cli::RunArgs`] for every
+    /// option and its `KACTOR_...` environment variable), sets up logging, and runs until SIGINT or
+    /// SIGTERM. A usage error prints clap's message and exits with status 2, as command lines do.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// # async fn example() -> kactor::Result<()> {
+    /// Operator::new().on_event("pods", "log", |ctx: Ctx| async move { Ok(()) }).run_from_args().await
+    /// # }
+    /// ```
+    pub async fn run_from_args(self) -> Result<()> {
+        let cli = OperatorCli::parse_from(std::env::args_os()).unwrap_or_else(|error| error.exit());
+        let args = cli.into_run_args();
+        match crate::logging::init(&args.log_settings()) {
+            Ok(()) | Err(crate::logging::LoggingError::AlreadyInitialized) => {}
+            Err(error) => return Err(error.into()),
+        }
+        if let Some(warning) = args.scope_warning() {
+            tracing::warn!("{warning}");
+        }
+        self.scope(args.scope()).run().await
+    }
+
+    /// Runs until SIGINT or SIGTERM, then shuts down gracefully; a second signal returns at once.
+    pub async fn run(self) -> Result<()> {
+        self.run_until(stop_signal()).await
+    }
+
+    /// Runs until `stop` completes, then shuts down gracefully (a second signal still returns at once).
+    pub async fn run_until(self, stop: impl Future<Output = ()> + Send) -> Result<()> {
+        let client = match self.client.clone() {
+            Some(client) => client,
+            None => kube::Client::try_default()
+                .await
+                .map_err(|e| Error::Credentials(one_line(&e.to_string())))?,
+        };
+        let activity_ctx = ActivityCtx {
+            memo: self.memo.clone(),
+            client: client.clone(),
+        };
+        for activity in &self.registry.startup {
+            tracing::debug!(activity = %activity.id, "running the startup activity");
+            if let Err(error) = run_activity(activity, activity_ctx.clone()).await {
+                return Err(Error::Startup {
+                    id: activity.id.clone(),
+                    message: error,
+                });
+            }
+        }
+        let mut orchestra = Orchestra::new(&self, client.clone()).await?;
+        let stopped = {
+            let main = orchestra.serve(stop);
+            tokio::pin!(main);
+            main.await
+        };
+        let result = match stopped {
+            Ok(()) => {
+                let graceful = orchestra.shutdown(&self.registry, activity_ctx);
+                tokio::select! {
+                    () = graceful => Ok(()),
+                    () = stop_signal() => Err(Error::Interrupted),
+                }
+            }
+            Err(error) => Err(error),
+        };
+        drop(orchestra);
+        result
+    }
+}
+
+async fn run_activity(activity: &Activity, ctx: ActivityCtx) -> std::result::Result<(), String> {
+    match std::panic::AssertUnwindSafe((activity.func)(ctx))
+        .catch_unwind()
+        .await
+    {
+        Ok(Ok(())) => {
+            tracing::info!("Activity '{}' succeeded.", activity.id);
+            Ok(())
+        }
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(_) => Err("the activity panicked".to_string()),
+    }
+}
+
+/// SIGINT (Ctrl-C) or SIGTERM.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let term = async {
+            match terminate.as_mut() {
+                Some(signal) => {
+                    signal.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            () = term => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// A supervisor's identity: the resource (kubectl form) and the namespace (None: cluster-wide).
+type SupervisorKey = (String, Option<String>);
+
+/// What one resource is served with.
+struct Target {
+    selector: Selector,
+    resolved: Option<Arc<Resource>>,
+}
+
+/// The namespaces served, as known now.
+enum Served {
+    /// Cluster-wide watches.
+    ClusterWide,
+    /// Exactly these names (no namespace watching needed).
+    Fixed(BTreeSet<String>),
+    /// The namespaces matching the patterns, followed live.
+    Watched {
+        patterns: NamespacePatterns,
+        current: BTreeSet<String>,
+        listing: BTreeSet<String>,
+    },
+}
+
+/// The supervisors of an operator, and what decides them: resources × namespaces.
+struct Orchestra {
+    client: kube::Client,
+    settings: Arc<Settings>,
+    registry: Registry,
+    actors: ActorSystem,
+    limiter: Arc<Semaphore>,
+    tracker: Arc<Tracker>,
+    targets: Vec<Target>,
+    served: Served,
+    resources: Vec<Resource>,
+    running: HashMap<SupervisorKey, Addr<ResourceSupervisor>>,
+}
+
+impl Orchestra {
+    async fn new(operator: &Operator, client: kube::Client) -> Result<Self> {
+        let resources = discovery::scan(&client).await?;
+        let mut targets = Vec::new();
+        for selector in operator.registry.selectors() {
+            let resolved = match selector.resolve(&resources) {
+                Ok(resource) => Some(Arc::new(resource.clone())),
+                Err(ResolveError::NotFound { .. }) if selector.exact => {
+                    tracing::warn!(resource = %selector, "the resource is not served yet; it is served as soon as its CRD appears");
+                    None
+                }
+                Err(error) => return Err(error.into()),
+            };
+            targets.push(Target { selector, resolved });
+        }
+        let served = match &operator.scope {
+            Scope::ClusterWide => Served::ClusterWide,
+            Scope::Namespaces(patterns) => {
+                let patterns = NamespacePatterns::parse(patterns)?;
+                match patterns.exact_names() {
+                    Some(names) => Served::Fixed(names.into_iter().collect()),
+                    None => Served::Watched {
+                        patterns,
+                        current: BTreeSet::new(),
+                        listing: BTreeSet::new(),
+                    },
+                }
+            }
+        };
+        Ok(Orchestra {
+            client,
+            settings: Arc::new(operator.settings.clone()),
+            registry: operator.registry.clone(),
+            actors: ActorSystem::start()?,
+            limiter: Arc::new(Semaphore::new(
+                operator.settings.execution.max_concurrent_handlers.max(1),
+            )),
+            tracker: Arc::new(Tracker::default()),
+            targets,
+            served,
+            resources,
+            running: HashMap::new(),
+        })
+    }
+
+    fn watcher_for(&self, group: &str, plural: &str, label: &str) -> Option<Watcher> {
+        let resource = self
+            .resources
+            .iter()
+            .find(|r| r.group == group && r.plural == plural && r.preferred)?;
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource.api_resource());
+        Some(Watcher::new(
+            api,
+            label,
+            self.settings.watching.clone(),
+            self.settings.networking.clone(),
+        ))
+    }
+
+    /// Serves until `stop`: starts the supervisors, then follows namespaces and CRDs.
+    async fn serve(&mut self, stop: impl Future<Output = ()> + Send) -> Result<()> {
+        self.reconcile().await?;
+        let mut namespaces = match self.served {
+            Served::Watched { .. } => self.watcher_for("", "namespaces", "namespaces"),
+            _ => None,
+        };
+        let mut crds = self.watcher_for(
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+            "customresourcedefinitions",
+        );
+        tokio::pin!(stop);
+        loop {
+            let namespace_batch = async {
+                match namespaces.as_mut() {
+                    Some(watcher) => watcher.next_batch().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let crd_batch = async {
+                match crds.as_mut() {
+                    Some(watcher) => watcher.next_batch().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = &mut stop => return Ok(()),
+                batch = namespace_batch => match batch {
+                    Ok(items) => {
+                        if self.follow_namespaces(items) {
+                            self.reconcile().await?;
+                        }
+                    }
+                    Err(error) => {
+                        tracing::error!(%error, "cannot follow namespaces any more");
+                        namespaces = None;
+                    }
+                },
+                batch = crd_batch => match batch {
+                    Ok(items) => {
+                        if items.iter().any(|item| matches!(item, WatchItem::Event(..))) {
+                            self.rescan().await;
+                            self.reconcile().await?;
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot follow CRDs any more; resources appearing later will not be served");
+                        crds = None;
+                    }
+                },
+            }
+        }
+    }
+
+    /// Updates the served namespaces; true if they changed.
+    fn follow_namespaces(&mut self, items: Vec<WatchItem>) -> bool {
+        let Served::Watched {
+            patterns,
+            current,
+            listing,
+        } = &mut self.served
+        else {
+            return false;
+        };
+        let before = current.clone();
+        for item in items {
+            match item {
+                WatchItem::Listed(ns) => {
+                    let name = ns.metadata.name.unwrap_or_default();
+                    if patterns.matches(&name) {
+                        listing.insert(name);
+                    }
+                }
+                WatchItem::ListDone => *current = std::mem::take(listing),
+                WatchItem::Event(kind, ns) => {
+                    let name = ns.metadata.name.unwrap_or_default();
+                    if kind == kactor_reactor::watching::EventType::Deleted {
+                        current.remove(&name);
+                    } else if patterns.matches(&name) {
+                        current.insert(name);
+                    }
+                }
+            }
+        }
+        *current != before
+    }
+
+    /// Rescans discovery after a CRD changed, and re-resolves every handler's resource.
+    async fn rescan(&mut self) {
+        match discovery::scan(&self.client).await {
+            Ok(resources) => self.resources = resources,
+            Err(error) => {
+                tracing::warn!(%error, "discovery failed after a CRD changed; keeping what was served");
+                return;
+            }
+        }
+        for target in &mut self.targets {
+            let resolved = target
+                .selector
+                .resolve(&self.resources)
+                .ok()
+                .map(|r| Arc::new(r.clone()));
+            if resolved.as_deref() != target.resolved.as_deref() {
+                match &resolved {
+                    Some(resource) => {
+                        tracing::info!(resource = %resource, "serving a resource that appeared")
+                    }
+                    None => {
+                        tracing::info!(resource = %target.selector, "the resource is no longer served")
+                    }
+                }
+                target.resolved = resolved;
+            }
+        }
+    }
+
+    /// Starts the supervisors that should run and stops those that should not.
+    async fn reconcile(&mut self) -> Result<()> {
+        let mut desired: HashMap<SupervisorKey, (Arc<Resource>, Vec<EventHandler>)> =
+            HashMap::new();
+        for target in &self.targets {
+            let Some(resource) = &target.resolved else {
+                continue;
+            };
+            let handlers = self.registry.handlers_for(&target.selector);
+            let namespaces: Vec<Option<String>> = match (&self.served, resource.namespaced) {
+                (Served::ClusterWide, _) | (_, false) => vec![None],
+                (Served::Fixed(names), true) => names.iter().cloned().map(Some).collect(),
+                (Served::Watched { current, .. }, true) => {
+                    current.iter().cloned().map(Some).collect()
+                }
+            };
+            for namespace in namespaces {
+                let entry = desired
+                    .entry((resource.to_string(), namespace))
+                    .or_insert_with(|| (resource.clone(), Vec::new()));
+                entry.1.extend(handlers.iter().cloned());
+            }
+        }
+        let obsolete: Vec<_> = self
+            .running
+            .keys()
+            .filter(|k| !desired.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in obsolete {
+            if let Some(supervisor) = self.running.remove(&key) {
+                tracing::debug!(resource = %key.0, namespace = ?key.1, "stopping a supervisor");
+                supervisor.do_send(Shutdown);
+            }
+        }
+        for (key, (resource, handlers)) in desired {
+            if self.running.get(&key).is_some_and(Addr::connected) {
+                continue;
+            }
+            let config = SupervisorConfig {
+                resource,
+                namespace: key.1.clone(),
+                client: self.client.clone(),
+                handlers: handlers.into(),
+                settings: self.settings.clone(),
+                runtime: tokio::runtime::Handle::current(),
+                limiter: self.limiter.clone(),
+                tracker: self.tracker.clone(),
+            };
+            let supervisor = self
+                .actors
+                .start_actor(move || ResourceSupervisor::new(config))
+                .await?;
+            self.running.insert(key, supervisor);
+        }
+        Ok(())
+    }
+
+    /// Stops watching, lets handlers finish within `exit_timeout`, runs cleanup.
+    async fn shutdown(&mut self, registry: &Registry, activity_ctx: ActivityCtx) {
+        for (_, supervisor) in self.running.drain() {
+            let _ = supervisor.send(Shutdown).await;
+        }
+        let cancelled = self
+            .tracker
+            .drain(self.settings.queueing.exit_timeout)
+            .await;
+        if cancelled > 0 {
+            tracing::warn!(cancelled, "handlers still running at exit were cancelled");
+        }
+        for activity in &registry.cleanup {
+            if let Err(error) = run_activity(activity, activity_ctx.clone()).await {
+                tracing::error!(activity = %activity.id, %error, "the cleanup activity failed");
+            }
+        }
+    }
+}
