@@ -15,9 +15,6 @@ use kactor::emulator::{samples, Emulator};
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// Log more (repeat for even more).
-    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
-    verbose: u8,
 }
 
 #[derive(Subcommand)]
@@ -40,30 +37,86 @@ enum Command {
         /// Start empty, without the sample `widgets.example.com` CRD and widget.
         #[arg(long)]
         empty: bool,
+        /// Log more (repeat for even more).
+        #[arg(short, long, action = clap::ArgAction::Count)]
+        verbose: u8,
+    },
+    /// Print every event of a resource as kactor's reactor sees it: an operator with one `on_event`
+    /// handler, with every option an operator has (credentials from KUBECONFIG, ~/.kube/config or
+    /// the in-cluster service account).
+    Events {
+        /// The resource, as operators name it: `widgets.example.com`, `Widget`, `wd`, `pods`,
+        /// `deployments.v1.apps`.
+        resource: String,
+        #[command(flatten)]
+        run: kactor::cli::RunArgs,
     },
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let level = match cli.verbose {
-        0 => "info",
-        1 => "debug",
-        _ => "trace",
-    };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| level.into()),
-        )
-        .init();
-    match cli.command {
+    let result = match cli.command {
         Command::Emulator {
             port,
             host,
             kubeconfig,
             empty,
-        } => serve_emulator(port, host, kubeconfig, empty).await,
+            verbose,
+        } => {
+            let level = match verbose {
+                0 => "info",
+                1 => "debug",
+                _ => "trace",
+            };
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| level.into()),
+                )
+                .init();
+            serve_emulator(port, host, kubeconfig, empty).await
+        }
+        Command::Events { resource, run } => print_events(&resource, run)
+            .await
+            .map_err(anyhow::Error::from),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            // One line: what happened and what to do; the causes are already in the message.
+            eprintln!("kactor: error: {error}");
+            std::process::ExitCode::FAILURE
+        }
     }
+}
+
+/// Runs an operator that prints each event of `resource` on a line of its own.
+async fn print_events(resource: &str, run: kactor::cli::RunArgs) -> kactor::Result<()> {
+    use kactor::prelude::*;
+    match kactor::logging::init(&run.log_settings()) {
+        Ok(()) | Err(kactor::logging::LoggingError::AlreadyInitialized) => {}
+        Err(error) => return Err(error.into()),
+    }
+    if let Some(warning) = run.scope_warning() {
+        tracing::warn!("{warning}");
+    }
+    Operator::new()
+        .scope(run.scope())
+        .on_event(resource, "print", |ctx: Ctx| async move {
+            let object = match ctx.namespace() {
+                Some(namespace) => format!("{namespace}/{}", ctx.name()),
+                None => ctx.name().to_string(),
+            };
+            let rv = ctx.meta().resource_version.as_deref().unwrap_or_default();
+            println!(
+                "{:<8} {object} resourceVersion={rv}",
+                ctx.kopf_type().unwrap_or("LISTED")
+            );
+            Ok(())
+        })
+        .run()
+        .await
 }
 
 async fn serve_emulator(

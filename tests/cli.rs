@@ -63,3 +63,167 @@ async fn kactor_emulator_serves_a_sample_widget_and_writes_a_kubeconfig_any_clie
     assert_eq!(names, ["demo"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Runs `kactor events ...` with this KUBECONFIG (and no other source of credentials).
+fn kactor_events(kubeconfig: &std::path::Path, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kactor"));
+    command
+        .arg("events")
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .env("HOME", kubeconfig.parent().unwrap_or(kubeconfig))
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null());
+    command
+}
+
+fn scratch(test: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("kactor-cli-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Waits for a child with a deadline; kills it (and fails) if it hangs.
+fn finish(child: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the process did not exit within {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kactor_events_prints_each_event_and_exits_cleanly_on_sigterm() {
+    use kactor::emulator::{samples, Emulator};
+    use kube::api::PostParams;
+    let emulator = Emulator::start().await.unwrap();
+    let crds: Api<DynamicObject> = Api::all_with(emulator.client(), &samples::crd_api_resource());
+    crds.create(
+        &PostParams::default(),
+        &serde_json::from_value(samples::widget_crd()).unwrap(),
+    )
+    .await
+    .unwrap();
+    let widgets: Api<DynamicObject> = Api::namespaced_with(
+        emulator.client(),
+        "default",
+        &samples::widget_api_resource(),
+    );
+    widgets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(samples::widget("listed", 1)).unwrap(),
+        )
+        .await
+        .unwrap();
+    let dir = scratch("events");
+    emulator.write_kubeconfig(dir.join("kubeconfig")).unwrap();
+
+    let mut child = Child(
+        kactor_events(
+            &dir.join("kubeconfig"),
+            &["wd", "-A", "--log-format", "plain"],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap(),
+    );
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
+    let stdout = child.0.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let next = |what: &str| {
+        lines_rx
+            .recv_timeout(Duration::from_secs(15))
+            .unwrap_or_else(|_| panic!("no line for {what}"))
+    };
+    assert!(next("the listed widget").starts_with("LISTED   default/listed resourceVersion="));
+    widgets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(samples::widget("added", 1)).unwrap(),
+        )
+        .await
+        .unwrap();
+    assert!(next("the added widget").starts_with("ADDED    default/added"));
+
+    let status = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let status = finish(&mut child.0, Duration::from_secs(10));
+    assert!(
+        status.success(),
+        "a graceful stop exits with success: {status:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn kactor_events_for_a_resource_nobody_serves_is_a_one_line_error() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let emulator = runtime
+        .block_on(kactor::emulator::Emulator::start())
+        .unwrap();
+    let dir = scratch("missing");
+    emulator.write_kubeconfig(dir.join("kubeconfig")).unwrap();
+    let output = kactor_events(&dir.join("kubeconfig"), &["gizmos", "-A"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    let error: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("kactor: error:"))
+        .collect();
+    assert_eq!(error.len(), 1, "{stderr}");
+    assert!(error[0].contains("\"gizmos\""), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn kactor_events_with_an_unreachable_api_or_no_credentials_is_a_one_line_error() {
+    let dir = scratch("unreachable");
+    let unreachable = kactor::emulator::kubeconfig("http://127.0.0.1:1");
+    std::fs::write(
+        dir.join("kubeconfig"),
+        serde_json::to_string(&unreachable).unwrap(),
+    )
+    .unwrap();
+    let output = kactor_events(&dir.join("kubeconfig"), &["pods", "-A"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.starts_with("kactor: error: cannot reach the Kubernetes API")),
+        "{stderr}"
+    );
+
+    let output = kactor_events(&dir.join("nothing-here"), &["pods", "-A"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.starts_with("kactor: error: no usable Kubernetes credentials")),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -364,3 +364,46 @@ pub fn key_of(resource: &Resource, object: &DynamicObject) -> Arc<str> {
         part(created.as_deref())
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resource() -> Resource {
+        Resource {
+            group: "example.com".into(),
+            version: "v1".into(),
+            plural: "widgets".into(),
+            kind: "Widget".into(),
+            singular: "widget".into(),
+            short_names: vec![],
+            categories: vec![],
+            namespaced: true,
+            preferred: true,
+            verbs: vec![],
+            subresources: vec![],
+        }
+    }
+
+    #[test]
+    fn objects_are_keyed_by_uid() {
+        let mut object = DynamicObject::new("w", &resource().api_resource());
+        object.metadata.uid = Some("1234".into());
+        assert_eq!(&*key_of(&resource(), &object), "1234");
+    }
+
+    #[test]
+    fn objects_without_uid_get_kopfs_fallback_key() {
+        let mut object = DynamicObject::new("w", &resource().api_resource()).within("ns1");
+        assert_eq!(
+            &*key_of(&resource(), &object),
+            "Widget//example.com/v1//w//ns1//-"
+        );
+        object.metadata.namespace = None;
+        object.types = None;
+        assert_eq!(
+            &*key_of(&resource(), &object),
+            "Widget//example.com/v1//w//-//-"
+        );
+    }
+}
