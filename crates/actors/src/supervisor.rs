@@ -32,6 +32,9 @@ use tokio::sync::Semaphore;
 use crate::tracker::Tracker;
 use crate::worker::{Deliver, Idle, ObjectWorker, Stop, WorkerShared};
 
+/// How many batches may wait to be routed while the watch stream fetches the next one.
+const IN_FLIGHT: usize = 4;
+
 /// What a supervisor needs.
 #[derive(Clone)]
 pub struct SupervisorConfig {
@@ -107,7 +110,7 @@ pub struct ResourceSupervisor {
     listing: HashSet<Arc<str>>,
     status: Option<Arc<WatchStatus>>,
     watch: Option<tokio::task::JoinHandle<()>>,
-    shared: Option<WorkerShared>,
+    shared: Option<Arc<WorkerShared>>,
 }
 
 impl ResourceSupervisor {
@@ -222,16 +225,16 @@ impl Actor for ResourceSupervisor {
             ),
             _ => Api::all_with(config.client.clone(), &config.resource.api_resource()),
         };
-        self.shared = Some(WorkerShared {
+        self.shared = Some(Arc::new(WorkerShared {
             resource: config.resource.clone(),
             handlers: config.handlers.clone(),
-            client: config.client.clone(),
+            client: Arc::new(config.client.clone()),
             runtime: config.runtime.clone(),
             limiter: config.limiter.clone(),
             tracker: config.tracker.clone(),
             idle_timeout: config.settings.queueing.idle_timeout,
             supervisor: ctx.address().recipient(),
-        });
+        }));
         let mut watcher = Watcher::new(
             api,
             self.label.clone(),
@@ -242,14 +245,25 @@ impl Actor for ResourceSupervisor {
         let address = ctx.address();
         tracing::debug!(supervisor = %self.label, "watching");
         self.watch = Some(config.runtime.spawn(async move {
+            // Up to IN_FLIGHT batches are routed while the next page is fetched and decoded; beyond
+            // that the stream waits for the supervisor (backpressure, not an unbounded backlog).
+            let mut in_flight = std::collections::VecDeque::new();
             loop {
                 match watcher.next_batch().await {
                     Ok(batch) => {
-                        if address.send(Batch(batch, Instant::now())).await.is_err() {
-                            return;
+                        in_flight.push_back(address.send(Batch(batch, Instant::now())));
+                        if in_flight.len() >= IN_FLIGHT {
+                            if let Some(oldest) = in_flight.pop_front() {
+                                if oldest.await.is_err() {
+                                    return;
+                                }
+                            }
                         }
                     }
                     Err(error) => {
+                        for pending in in_flight.drain(..) {
+                            let _ = pending.await;
+                        }
                         address.do_send(WatchEnded(error));
                         return;
                     }

@@ -73,7 +73,7 @@ pub struct WorkerShared {
     /// The `on_event` handlers of that resource.
     pub handlers: Arc<[EventHandler]>,
     /// A client for the handlers.
-    pub client: kube::Client,
+    pub client: Arc<kube::Client>,
     /// The runtime handlers run on.
     pub runtime: Handle,
     /// The global limit of concurrently running handlers.
@@ -90,7 +90,7 @@ pub struct WorkerShared {
 pub struct ObjectWorker {
     key: Arc<str>,
     memo: Memo,
-    shared: WorkerShared,
+    shared: Arc<WorkerShared>,
     busy: bool,
     pending: Option<Deliver>,
     last_seq: u64,
@@ -99,7 +99,7 @@ pub struct ObjectWorker {
 
 impl ObjectWorker {
     /// A worker for the object known by `key`, with its memo.
-    pub fn new(key: Arc<str>, memo: Memo, shared: WorkerShared) -> Self {
+    pub fn new(key: Arc<str>, memo: Memo, shared: Arc<WorkerShared>) -> Self {
         ObjectWorker {
             key,
             memo,
@@ -129,14 +129,14 @@ impl ObjectWorker {
             meta.namespace.as_deref(),
             meta.uid.as_deref().unwrap_or_default(),
         );
-        let handler_ctx = Ctx {
-            event_type: event.event_type,
-            body: event.body,
-            memo: self.memo.clone(),
-            resource: self.shared.resource.clone(),
-            client: self.shared.client.clone(),
-            received: event.received,
-        };
+        let handler_ctx = Ctx::new(
+            event.event_type,
+            event.body,
+            self.memo.clone(),
+            self.shared.resource.clone(),
+            self.shared.client.clone(),
+            event.received,
+        );
         let handlers = self.shared.handlers.clone();
         let limiter = self.shared.limiter.clone();
         let address = ctx.address();

@@ -155,13 +155,37 @@ pub struct Ctx {
     pub memo: Memo,
     /// The resource being served.
     pub resource: Arc<Resource>,
-    /// A client, to call the API.
-    pub client: kube::Client,
     /// When kactor received the event from the API (the start of its dispatch latency).
     pub received: std::time::Instant,
+    /// Shared by every event of the resource; cloned into a `kube::Client` only on request.
+    client: Arc<kube::Client>,
 }
 
 impl Ctx {
+    /// The context of one event.
+    pub fn new(
+        event_type: EventType,
+        body: Arc<DynamicObject>,
+        memo: Memo,
+        resource: Arc<Resource>,
+        client: Arc<kube::Client>,
+        received: std::time::Instant,
+    ) -> Self {
+        Ctx {
+            event_type,
+            body,
+            memo,
+            resource,
+            received,
+            client,
+        }
+    }
+
+    /// A client, to call the API.
+    pub fn client(&self) -> kube::Client {
+        (*self.client).clone()
+    }
+
     /// The event type as Kopf gives it: None for a listing, else `ADDED`/`MODIFIED`/`DELETED`.
     pub fn kopf_type(&self) -> Option<&'static str> {
         self.event_type.as_str()
