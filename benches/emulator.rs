@@ -20,34 +20,10 @@ use kube::api::{
 };
 use serde_json::json;
 
-/// Counts live heap bytes, so that memory per object is what the store keeps, not allocator slack.
-struct Counting;
-
-static LIVE: AtomicU64 = AtomicU64::new(0);
-
-unsafe impl std::alloc::GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as u64, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { std::alloc::System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
-        LIVE.fetch_sub(layout.size() as u64, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { std::alloc::System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(new_size as u64, Ordering::Relaxed);
-        LIVE.fetch_sub(layout.size() as u64, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
-    }
-}
+mod support;
 
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: support::Counting = support::Counting;
 
 fn resident_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
@@ -57,11 +33,6 @@ fn resident_bytes() -> u64 {
         .and_then(|p| p.parse().ok())
         .unwrap_or(0);
     pages * 4096
-}
-
-fn widget_api(client: &kube::Client) -> Api<DynamicObject> {
-    let resource = samples::widget_api_resource();
-    Api::namespaced_with(client.clone(), "default", &resource)
 }
 
 /// Counts watch events until `expected` arrived; returns the instant of the last one.
@@ -156,17 +127,10 @@ async fn main() {
         .await
         .expect("emulator");
     let client = emulator.client();
-    let crds: Api<DynamicObject> = Api::all_with(client.clone(), &samples::crd_api_resource());
-    crds.create(
-        &PostParams::default(),
-        &serde_json::from_value(samples::widget_crd()).unwrap(),
-    )
-    .await
-    .expect("CRD");
-    let api = widget_api(&client);
+    let api = samples::install_widgets(&client).await.expect("CRD");
     let start_rv = emulator.resource_version().to_string();
     let memory_before = resident_bytes();
-    let heap_before = LIVE.load(Ordering::Relaxed);
+    let heap_before = support::live_bytes();
 
     // Creates, with a live watcher.
     let live = Arc::new(AtomicU64::new(0));
@@ -193,7 +157,7 @@ async fn main() {
     while live.load(Ordering::Relaxed) < objects as u64 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let heap_after = LIVE.load(Ordering::Relaxed);
+    let heap_after = support::live_bytes();
 
     // Merge patches, with the same watcher.
     let patch_api = api.clone();

@@ -14,7 +14,7 @@
 //!
 //! Aims (issue #3): within 1.2x of the floor's time, p99 dispatch under 5 ms, under 2 KiB per idle object.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,34 +24,10 @@ use kactor::prelude::*;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use tokio::sync::oneshot;
 
-/// Counts live heap bytes.
-struct Counting;
-
-static LIVE: AtomicU64 = AtomicU64::new(0);
-
-unsafe impl std::alloc::GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as u64, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { std::alloc::System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
-        LIVE.fetch_sub(layout.size() as u64, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { std::alloc::System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(new_size as u64, Ordering::Relaxed);
-        LIVE.fetch_sub(layout.size() as u64, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
-    }
-}
+mod support;
 
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: support::Counting = support::Counting;
 
 async fn new_emulator() -> (Emulator, Api<DynamicObject>) {
     let emulator = Emulator::builder()
@@ -59,18 +35,9 @@ async fn new_emulator() -> (Emulator, Api<DynamicObject>) {
         .start()
         .await
         .expect("emulator");
-    let crds: Api<DynamicObject> = Api::all_with(emulator.client(), &samples::crd_api_resource());
-    crds.create(
-        &PostParams::default(),
-        &serde_json::from_value(samples::widget_crd()).unwrap(),
-    )
-    .await
-    .expect("CRD");
-    let widgets = Api::namespaced_with(
-        emulator.client(),
-        "default",
-        &samples::widget_api_resource(),
-    );
+    let widgets = samples::install_widgets(&emulator.client())
+        .await
+        .expect("CRD");
     (emulator, widgets)
 }
 
@@ -312,13 +279,13 @@ async fn main() {
     let (emulator, widgets) = new_emulator().await;
     populate(&widgets, "i", idle_objects).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let heap_before = LIVE.load(Ordering::Relaxed);
+    let heap_before = support::live_bytes();
     let idle = start_operator(&emulator, Duration::from_millis(500));
     wait_for(&idle.handled, idle_objects).await;
     idle.latencies.lock().unwrap().clear();
     idle.latencies.lock().unwrap().shrink_to_fit();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let heap_after = LIVE.load(Ordering::Relaxed);
+    let heap_after = support::live_bytes();
     let per_object = heap_after.saturating_sub(heap_before) as f64 / idle_objects as f64;
     let _ = idle.stop.send(());
     idle.task.await.unwrap().unwrap();

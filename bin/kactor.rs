@@ -167,15 +167,8 @@ async fn serve_emulator(
 
 /// Installs the sample CRD and one widget through the public API, as any client would.
 async fn seed(emulator: &Emulator) -> anyhow::Result<()> {
-    use kube::api::{Api, DynamicObject, PostParams};
-    let crds: Api<DynamicObject> = Api::all_with(emulator.client(), &samples::crd_api_resource());
-    crds.create(
-        &PostParams::default(),
-        &serde_json::from_value(samples::widget_crd())?,
-    )
-    .await?;
-    let resource = samples::widget_api_resource();
-    let widgets: Api<DynamicObject> = Api::namespaced_with(emulator.client(), "default", &resource);
+    use kube::api::PostParams;
+    let widgets = samples::install_widgets(&emulator.client()).await?;
     widgets
         .create(
             &PostParams::default(),

@@ -104,18 +104,7 @@ async fn kactor_events_prints_each_event_and_exits_cleanly_on_sigterm() {
     use kactor::emulator::{samples, Emulator};
     use kube::api::PostParams;
     let emulator = Emulator::start().await.unwrap();
-    let crds: Api<DynamicObject> = Api::all_with(emulator.client(), &samples::crd_api_resource());
-    crds.create(
-        &PostParams::default(),
-        &serde_json::from_value(samples::widget_crd()).unwrap(),
-    )
-    .await
-    .unwrap();
-    let widgets: Api<DynamicObject> = Api::namespaced_with(
-        emulator.client(),
-        "default",
-        &samples::widget_api_resource(),
-    );
+    let widgets = samples::install_widgets(&emulator.client()).await.unwrap();
     widgets
         .create(
             &PostParams::default(),

@@ -83,18 +83,7 @@ async fn emulator_with_widgets() -> (Emulator, Api<DynamicObject>) {
         .start()
         .await
         .unwrap();
-    let crds: Api<DynamicObject> = Api::all_with(emulator.client(), &samples::crd_api_resource());
-    crds.create(
-        &PostParams::default(),
-        &serde_json::from_value(samples::widget_crd()).unwrap(),
-    )
-    .await
-    .unwrap();
-    let widgets = Api::namespaced_with(
-        emulator.client(),
-        "default",
-        &samples::widget_api_resource(),
-    );
+    let widgets = samples::install_widgets(&emulator.client()).await.unwrap();
     (emulator, widgets)
 }
 
@@ -266,13 +255,7 @@ async fn a_namespace_and_a_crd_that_appear_later_are_served() {
         });
     let running = spawn(exact_only);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let crds: Api<DynamicObject> = Api::all_with(emulator.client(), &samples::crd_api_resource());
-    crds.create(
-        &PostParams::default(),
-        &serde_json::from_value(samples::widget_crd()).unwrap(),
-    )
-    .await
-    .unwrap();
+    samples::install_widgets(&emulator.client()).await.unwrap();
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(emulator.client());
     for name in ["team-a", "other"] {
         namespaces

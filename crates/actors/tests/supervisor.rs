@@ -18,18 +18,7 @@ use tokio::sync::Semaphore;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_workers_stop_but_every_objects_record_stays() {
     let emulator = Emulator::start().await.unwrap();
-    let crds: Api<DynamicObject> = Api::all_with(emulator.client(), &samples::crd_api_resource());
-    crds.create(
-        &PostParams::default(),
-        &serde_json::from_value(samples::widget_crd()).unwrap(),
-    )
-    .await
-    .unwrap();
-    let widgets: Api<DynamicObject> = Api::namespaced_with(
-        emulator.client(),
-        "default",
-        &samples::widget_api_resource(),
-    );
+    let widgets = samples::install_widgets(&emulator.client()).await.unwrap();
     for i in 0..5 {
         widgets
             .create(

@@ -62,3 +62,18 @@ pub fn crd_api_resource() -> ApiResource {
         "customresourcedefinitions",
     )
 }
+
+/// Installs the widget CRD through `client` and returns the widgets of the `default` namespace.
+pub async fn install_widgets(
+    client: &kube::Client,
+) -> kube::Result<kube::Api<kube::api::DynamicObject>> {
+    let crds: kube::Api<kube::api::DynamicObject> =
+        kube::Api::all_with(client.clone(), &crd_api_resource());
+    let crd = serde_json::from_value(widget_crd()).map_err(kube::Error::SerdeError)?;
+    crds.create(&kube::api::PostParams::default(), &crd).await?;
+    Ok(kube::Api::namespaced_with(
+        client.clone(),
+        "default",
+        &widget_api_resource(),
+    ))
+}

@@ -30,17 +30,7 @@ async fn setup() -> (Emulator, Api<DynamicObject>) {
     let mut config = emulator.config();
     config.default_retry = false;
     let client = kube::Client::try_from(config).unwrap();
-    let crds: Api<DynamicObject> = Api::all_with(client.clone(), &samples::crd_api_resource());
-    crds.create(
-        &PostParams::default(),
-        &serde_json::from_value(samples::widget_crd()).unwrap(),
-    )
-    .await
-    .unwrap();
-    (
-        emulator,
-        Api::namespaced_with(client, "default", &samples::widget_api_resource()),
-    )
+    (emulator, samples::install_widgets(&client).await.unwrap())
 }
 
 async fn create(api: &Api<DynamicObject>, name: &str) {
