@@ -32,6 +32,9 @@ pub enum Error {
     /// A second stop signal arrived during the graceful shutdown.
     #[error("interrupted by a second signal during shutdown; exited without waiting for handlers and cleanup")]
     Interrupted,
+    /// The graceful shutdown took longer than `process.ultimate_exiting_timeout`.
+    #[error("the shutdown took longer than {0:?} (process.ultimate_exiting_timeout); exited without waiting further")]
+    ExitTimeout(std::time::Duration),
     /// Logging could not be set up.
     #[error(transparent)]
     Logging(#[from] crate::logging::LoggingError),

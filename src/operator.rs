@@ -208,11 +208,21 @@ impl Operator {
 
     /// Runs until SIGINT or SIGTERM, then shuts down gracefully; a second signal returns at once.
     pub async fn run(self) -> Result<()> {
-        self.run_until(stop_signal()).await
+        self.serve(stop_signal(), stop_signal()).await
     }
 
-    /// Runs until `stop` completes, then shuts down gracefully (a second signal still returns at once).
+    /// Runs until `stop` completes, then shuts down gracefully. It installs no signal handlers: it is
+    /// for embedding, where the application owns the signals.
     pub async fn run_until(self, stop: impl Future<Output = ()> + Send) -> Result<()> {
+        self.serve(stop, std::future::pending()).await
+    }
+
+    /// Serves until `stop`; then shuts down, unless `interrupt` completes first.
+    async fn serve(
+        self,
+        stop: impl Future<Output = ()> + Send,
+        interrupt: impl Future<Output = ()> + Send,
+    ) -> Result<()> {
         let client = match self.client.clone() {
             Some(client) => client,
             None => kube::Client::try_default()
@@ -233,23 +243,14 @@ impl Operator {
             }
         }
         let mut orchestra = Orchestra::new(&self, client.clone()).await?;
-        let stopped = {
-            let main = orchestra.serve(stop);
-            tokio::pin!(main);
-            main.await
-        };
-        let result = match stopped {
-            Ok(()) => {
-                let graceful = orchestra.shutdown(&self.registry, activity_ctx);
-                tokio::select! {
-                    () = graceful => Ok(()),
-                    () = stop_signal() => Err(Error::Interrupted),
-                }
-            }
-            Err(error) => Err(error),
-        };
-        drop(orchestra);
-        result
+        orchestra.serve(stop).await?;
+        let ultimate = self.settings.process.ultimate_exiting_timeout;
+        let graceful =
+            tokio::time::timeout(ultimate, orchestra.shutdown(&self.registry, activity_ctx));
+        tokio::select! {
+            finished = graceful => finished.map_err(|_| Error::ExitTimeout(ultimate)),
+            () = interrupt => Err(Error::Interrupted),
+        }
     }
 }
 

@@ -505,3 +505,20 @@ async fn each_object_keeps_its_memo_across_events() {
     }
     running.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_longer_than_the_ultimate_exiting_timeout_gives_up() {
+    let emulator = Emulator::start().await.unwrap();
+    let operator = Operator::new()
+        .client(emulator.client())
+        .settings(|s| s.process.ultimate_exiting_timeout = Duration::from_millis(200))
+        .on_cleanup("stuck", |_: ActivityCtx| async {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            Ok(())
+        });
+    let error = tokio::time::timeout(WAIT, operator.run_until(async {}))
+        .await
+        .expect("no hang")
+        .unwrap_err();
+    assert!(matches!(error, kactor::Error::ExitTimeout(_)), "{error}");
+}

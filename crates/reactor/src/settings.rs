@@ -1,5 +1,6 @@
 //! The operator's settings, grouped and defaulted as Kopf's `OperatorSettings` (`reference/kopf.md`
-//! §1.19), with kactor's additions marked as such.
+//! §1.19), with kactor's additions marked as such. Groups and fields arrive with the features that use
+//! them (throttling, persistence, posting and peering come with their issues).
 
 use std::time::Duration;
 
@@ -16,8 +17,6 @@ pub struct Settings {
     pub execution: Execution,
     /// The process as a whole.
     pub process: Process,
-    /// Where kactor keeps its state on objects.
-    pub persistence: Persistence,
 }
 
 /// `settings.watching`.
@@ -54,8 +53,6 @@ pub struct Queueing {
     pub idle_timeout: Duration,
     /// At exit, how long running handlers may take to finish before they are cancelled (Kopf: 2 s).
     pub exit_timeout: Duration,
-    /// The delays of per-object throttling after unexpected errors (Kopf's Fibonacci-like sequence).
-    pub error_delays: Vec<Duration>,
 }
 
 impl Default for Queueing {
@@ -63,10 +60,6 @@ impl Default for Queueing {
         Queueing {
             idle_timeout: Duration::from_secs(5),
             exit_timeout: Duration::from_secs(2),
-            error_delays: [1, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 610]
-                .into_iter()
-                .map(Duration::from_secs)
-                .collect(),
         }
     }
 }
@@ -77,8 +70,6 @@ pub struct Networking {
     /// The delays between retries of a failing API request (5xx, 429, 403 during upgrades); when
     /// they run out, the failure is reported (Kopf: 1, 1, 2, 3, 5, 8, 13, 21 s).
     pub error_backoffs: Vec<Duration>,
-    /// The longest a single API request may take (Kopf: 300 s).
-    pub request_timeout: Duration,
 }
 
 impl Default for Networking {
@@ -88,7 +79,6 @@ impl Default for Networking {
                 .into_iter()
                 .map(Duration::from_secs)
                 .collect(),
-            request_timeout: Duration::from_secs(300),
         }
     }
 }
@@ -124,21 +114,6 @@ impl Default for Process {
     }
 }
 
-/// `settings.persistence`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Persistence {
-    /// The finalizer kactor puts on objects that need cleanup (Kopf's, for interoperability).
-    pub finalizer: String,
-}
-
-impl Default for Persistence {
-    fn default() -> Self {
-        Persistence {
-            finalizer: "kopf.zalando.org/KopfFinalizerMarker".to_string(),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,14 +130,11 @@ mod tests {
             Duration::from_millis(100)
         );
         assert_eq!(settings.queueing.idle_timeout, Duration::from_secs(5));
-        assert_eq!(
-            settings.queueing.error_delays.last(),
-            Some(&Duration::from_secs(610))
-        );
+        assert_eq!(settings.queueing.exit_timeout, Duration::from_secs(2));
         assert_eq!(settings.networking.error_backoffs.len(), 8);
         assert_eq!(
-            settings.persistence.finalizer,
-            "kopf.zalando.org/KopfFinalizerMarker"
+            settings.process.ultimate_exiting_timeout,
+            Duration::from_secs(600)
         );
     }
 }
