@@ -41,6 +41,32 @@ enum Command {
         #[arg(short, long, action = clap::ArgAction::Count)]
         verbose: u8,
     },
+    /// The peering objects: `kactor peering crds | kubectl apply -f -`.
+    Peering {
+        #[command(subcommand)]
+        command: PeeringCommand,
+    },
+    /// Pause the operators of a peering: write a record with a high priority for a while (as `kopf freeze`).
+    Freeze {
+        /// How long the freeze lasts, in seconds (it ends early with `kactor resume`).
+        #[arg(short = 't', long, value_name = "SECONDS")]
+        lifetime: u64,
+        /// The priority of the freeze: operators with a lower or equal one pause.
+        #[arg(
+            short = 'p',
+            long,
+            default_value_t = 100,
+            allow_negative_numbers = true
+        )]
+        priority: i64,
+        #[command(flatten)]
+        target: PeeringTarget,
+    },
+    /// End a freeze: remove its record from the peering object (as `kopf resume`).
+    Resume {
+        #[command(flatten)]
+        target: PeeringTarget,
+    },
     /// Print every event of a resource as kactor's reactor sees it: an operator with one `on_event`
     /// handler, with every option an operator has (credentials from KUBECONFIG, ~/.kube/config or
     /// the in-cluster service account).
@@ -51,6 +77,27 @@ enum Command {
         #[command(flatten)]
         run: kactor::cli::RunArgs,
     },
+}
+
+/// What `kactor peering` does.
+#[derive(Subcommand)]
+enum PeeringCommand {
+    /// Print the CRDs of ClusterKopfPeering and KopfPeering (`kopf.dev/v1`, as Kopf's) as YAML.
+    Crds,
+}
+
+/// Which peering object `freeze` and `resume` write to, and as whom.
+#[derive(clap::Args)]
+struct PeeringTarget {
+    /// The peering object's name.
+    #[arg(short = 'P', long, default_value = "default", env = "KACTOR_PEERING")]
+    peering: String,
+    /// The namespace of a KopfPeering (without it: the cluster-wide ClusterKopfPeering).
+    #[arg(short = 'n', long)]
+    namespace: Option<String>,
+    /// The identity of the record (default: `user@host`, as Kopf's).
+    #[arg(short = 'i', long)]
+    id: Option<String>,
 }
 
 #[tokio::main]
@@ -80,6 +127,15 @@ async fn main() -> std::process::ExitCode {
         Command::Events { resource, run } => print_events(&resource, run)
             .await
             .map_err(anyhow::Error::from),
+        Command::Peering {
+            command: PeeringCommand::Crds,
+        } => print_peering_crds(),
+        Command::Freeze {
+            lifetime,
+            priority,
+            target,
+        } => freeze(lifetime, priority, target).await,
+        Command::Resume { target } => resume(target).await,
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -89,6 +145,49 @@ async fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+fn print_peering_crds() -> anyhow::Result<()> {
+    print!(
+        "{}",
+        serde_saphyr::to_string_multiple(&kactor::peering::peering::crds())?
+    );
+    Ok(())
+}
+
+async fn freeze(lifetime: u64, priority: i64, target: PeeringTarget) -> anyhow::Result<()> {
+    let client = kube::Client::try_default().await?;
+    let id = target
+        .id
+        .unwrap_or_else(kactor::peering::peering::manual_identity);
+    kactor::peering::peering::freeze(
+        client,
+        &target.peering,
+        target.namespace.as_deref(),
+        &id,
+        priority,
+        std::time::Duration::from_secs(lifetime),
+    )
+    .await?;
+    println!(
+        "Frozen the peering `{}` for {lifetime} s with priority {priority} as {id}.",
+        target.peering
+    );
+    Ok(())
+}
+
+async fn resume(target: PeeringTarget) -> anyhow::Result<()> {
+    let client = kube::Client::try_default().await?;
+    let id = target
+        .id
+        .unwrap_or_else(kactor::peering::peering::manual_identity);
+    kactor::peering::peering::resume(client, &target.peering, target.namespace.as_deref(), &id)
+        .await?;
+    println!(
+        "Resumed the peering `{}` (removed the record of {id}).",
+        target.peering
+    );
+    Ok(())
 }
 
 /// Runs an operator that prints each event of `resource` on a line of its own.

@@ -33,9 +33,8 @@ const IMPLICIT_CLUSTER_WIDE: &str = "no --namespace or --all-namespaces given: s
 
 /// The options of `run`, the command that runs the operator (Kopf's `kopf run`).
 ///
-/// Options for peering (`--standalone`, `-P/--peering`, `-p/--priority`, `--dev`) and for health
-/// (`-L/--liveness`) join this struct with the issues that bring those features; build it through
-/// clap, not by a struct literal, to stay compatible with them.
+/// Options for health (`-L/--liveness`) join this struct with the issue that brings it; build it
+/// through clap, not by a struct literal, to stay compatible with them.
 ///
 /// Two rules live in [`OperatorCli::parse_from`], not in clap's attributes (which would count values
 /// from the environment as given on the command line): `-n` with `-A` is a usage error, and the later
@@ -147,6 +146,52 @@ pub struct RunArgs {
     /// Do not start messages about an object with `[namespace/name] ` (as KACTOR_LOG_PREFIX=false).
     #[arg(long, action = ArgAction::SetTrue)]
     pub no_log_prefix: bool,
+
+    /// Run alone: no peering with other operators (as Kopf's --standalone); it wins over --peering.
+    ///
+    /// Without it, the operator peers through the peering object `default` if its CRD is installed
+    /// (and runs alone, with a warning, if not).
+    #[arg(long, env = "KACTOR_STANDALONE", action = ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
+    pub standalone: bool,
+
+    /// Peer through this peering object, and stay paused while it (or its CRD) is missing.
+    ///
+    /// A `ClusterKopfPeering` for cluster-wide operators, a `KopfPeering` in each served namespace
+    /// otherwise (`kactor peering crds` prints the CRDs). Operators in the same peering never work at
+    /// once: the highest priority works, the others pause.
+    #[arg(short = 'P', long, value_name = "NAME", env = "KACTOR_PEERING")]
+    pub peering: Option<String>,
+
+    /// This operator's peering priority: a live peer with a higher one pauses it; an equal one pauses
+    /// both (as in Kopf).
+    #[arg(
+        short = 'p',
+        long,
+        value_name = "N",
+        env = "KACTOR_PRIORITY",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    pub priority: i64,
+
+    /// Peering priority 666, to take over from deployed operators while developing (as Kopf's --dev).
+    #[arg(long, env = "KACTOR_DEV", action = ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
+    pub dev: bool,
+
+    /// Work only while holding a coordination.k8s.io/v1 Lease; wait as a warm standby otherwise.
+    ///
+    /// Leases last 15 s, are renewed every 2 s and lost if not renewed within 10 s, as with
+    /// controller-runtime. A graceful exit releases the lease for the next instance.
+    #[arg(long, env = "KACTOR_LEADER_ELECTION", action = ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
+    pub leader_election: bool,
+
+    /// The Lease's name (default: the program's name); only with --leader-election.
+    #[arg(long, value_name = "NAME", env = "KACTOR_LEASE_NAME")]
+    pub lease_name: Option<String>,
+
+    /// The Lease's namespace (default: POD_NAMESPACE, else `default`); only with --leader-election.
+    #[arg(long, value_name = "NS", env = "KACTOR_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
 }
 
 /// Which namespaces the operator serves.
@@ -403,6 +448,51 @@ mod tests {
         assert_eq!(error.kind(), ErrorKind::ArgumentConflict);
         let error = parse(&["run", "-A", "--namespace", "x"]).unwrap_err();
         assert_eq!(error.kind(), ErrorKind::ArgumentConflict);
+    }
+
+    #[test]
+    fn peering_options_parse_as_kopfs() {
+        let args = parse(&["-P", "team", "-p", "-5"]).unwrap();
+        assert_eq!(
+            (
+                args.peering.as_deref(),
+                args.priority,
+                args.standalone,
+                args.dev
+            ),
+            (Some("team"), -5, false, false)
+        );
+        assert!(parse(&["--standalone"]).unwrap().standalone);
+        assert!(parse(&["--dev"]).unwrap().dev);
+        assert_eq!(parse(&[]).unwrap().priority, 0);
+        with_env(
+            &[("KACTOR_PEERING", "other"), ("KACTOR_PRIORITY", "100")],
+            || {
+                let args = parse(&[]).unwrap();
+                assert_eq!(
+                    (args.peering.as_deref(), args.priority),
+                    (Some("other"), 100)
+                );
+            },
+        );
+    }
+
+    #[test]
+    fn leader_election_options_parse() {
+        let args = parse(&[
+            "--leader-election",
+            "--lease-name",
+            "my-op",
+            "--lease-namespace",
+            "ops",
+        ])
+        .unwrap();
+        assert!(args.leader_election);
+        assert_eq!(
+            (args.lease_name.as_deref(), args.lease_namespace.as_deref()),
+            (Some("my-op"), Some("ops"))
+        );
+        assert!(!parse(&[]).unwrap().leader_election);
     }
 
     #[test]

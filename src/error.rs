@@ -35,6 +35,9 @@ pub enum Error {
     /// The graceful shutdown took longer than `process.ultimate_exiting_timeout`.
     #[error("the shutdown took longer than {0:?} (process.ultimate_exiting_timeout); exited without waiting further")]
     ExitTimeout(std::time::Duration),
+    /// The leader election settings are invalid.
+    #[error(transparent)]
+    LeaderElection(#[from] kactor_peering::lease::LeaseError),
     /// Logging could not be set up.
     #[error(transparent)]
     Logging(#[from] crate::logging::LoggingError),

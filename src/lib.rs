@@ -31,4 +31,7 @@ pub mod prelude {
     pub use serde_json::json;
 }
 
-pub use kactor_reactor::{handlers, resources, settings};
+pub use kactor_reactor::{handlers, pausing, resources, settings};
+
+/// Peering with other operators (Kopf-compatible) and Lease-based leader election.
+pub use kactor_peering as peering;

@@ -19,14 +19,17 @@ use std::sync::Arc;
 
 use actix::Addr;
 use futures::FutureExt;
-use kactor_actors::supervisor::{ResourceSupervisor, Shutdown, SupervisorConfig};
+use kactor_actors::supervisor::{Pause, ResourceSupervisor, Resume, Shutdown, SupervisorConfig};
 use kactor_actors::system::ActorSystem;
 use kactor_actors::tracker::Tracker;
+use kactor_peering::lease::{LeaderElector, LeaseSettings};
+use kactor_peering::peering::{PeeringMode, PeeringSettings};
 use kactor_reactor::discovery::{self, ResolveError};
 use kactor_reactor::handlers::{
     Activity, ActivityCtx, Ctx, EventHandler, HandlerResult, Memo, Registry,
 };
 use kactor_reactor::namespaces::NamespacePatterns;
+use kactor_reactor::pausing::PauseSwitch;
 use kactor_reactor::resources::{Resource, Selector};
 use kactor_reactor::settings::Settings;
 use kactor_reactor::watching::{WatchItem, Watcher};
@@ -57,6 +60,10 @@ pub struct Operator {
     client: Option<kube::Client>,
     scope: Scope,
     memo: Memo,
+    switch: PauseSwitch,
+    peering: PeeringSettings,
+    leader_election: Option<LeaseSettings>,
+    identity: Option<String>,
 }
 
 impl Default for Operator {
@@ -74,6 +81,10 @@ impl Operator {
             client: None,
             scope: Scope::ClusterWide,
             memo: Memo::default(),
+            switch: PauseSwitch::new(),
+            peering: PeeringSettings::default(),
+            leader_election: None,
+            identity: None,
         }
     }
 
@@ -114,6 +125,74 @@ impl Operator {
     /// Sets the scope.
     pub fn scope(mut self, scope: Scope) -> Self {
         self.scope = scope;
+        self
+    }
+
+    /// The operator's pause switch: any toggle on pauses watching (peering and leader election set
+    /// theirs; an embedding application may set its own). Paused, the supervisors stop their streams
+    /// and keep every object's memory; resumed, they list again.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// let operator = Operator::new();
+    /// let switch = operator.pause_switch();
+    /// switch.set("maintenance", Some("the database is being migrated".into()));
+    /// ```
+    pub fn pause_switch(&self) -> PauseSwitch {
+        self.switch.clone()
+    }
+
+    /// Runs alone, without peering (Kopf's `--standalone`). By default an operator peers through the
+    /// peering object `default` when its CRD is installed, and runs alone (with a warning) when not.
+    pub fn standalone(mut self) -> Self {
+        self.peering.mode = PeeringMode::Standalone;
+        self
+    }
+
+    /// Peers through the peering object `name`, and stays paused while it or its CRD is missing
+    /// (Kopf's `--peering NAME`). The highest priority among live peers works; the others pause;
+    /// equal priorities all pause.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// let operator = Operator::new().peering("team-a").priority(100);
+    /// ```
+    pub fn peering(mut self, name: &str) -> Self {
+        self.peering.name = name.to_string();
+        self.peering.mode = PeeringMode::Mandatory;
+        self
+    }
+
+    /// This operator's peering priority (Kopf's `--priority`; `--dev` is 666).
+    pub fn priority(mut self, priority: i64) -> Self {
+        self.peering.priority = priority;
+        self
+    }
+
+    /// Changes the other peering settings (lifetime, stealth, ...), with Kopf's defaults.
+    pub fn peering_settings(mut self, change: impl FnOnce(&mut PeeringSettings)) -> Self {
+        change(&mut self.peering);
+        self
+    }
+
+    /// This operator's identity among peers and lease holders (default: `POD_ID`, else
+    /// `user@host/timestamp/random`, as Kopf).
+    pub fn identity(mut self, identity: &str) -> Self {
+        self.identity = Some(identity.to_string());
+        self
+    }
+
+    /// Works only while holding a `coordination.k8s.io/v1` Lease, as controller-runtime's leader
+    /// election (15 s / 10 s / 2 s by default): the other instances wait as warm standbys, a leader
+    /// that cannot renew stops working at once, and a graceful exit releases the lease.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// use kactor::peering::lease::LeaseSettings;
+    /// let operator = Operator::new().leader_election(LeaseSettings::new("my-operator", "operators", "pod-1"));
+    /// ```
+    pub fn leader_election(mut self, settings: LeaseSettings) -> Self {
+        self.leader_election = Some(settings);
         self
     }
 
@@ -203,7 +282,40 @@ impl Operator {
         if let Some(warning) = args.scope_warning() {
             tracing::warn!("{warning}");
         }
-        self.scope(args.scope()).run().await
+        let mut operator = self.scope(args.scope());
+        if args.standalone {
+            operator = operator.standalone();
+        } else if let Some(name) = &args.peering {
+            operator = operator.peering(name);
+        }
+        operator = operator.priority(if args.dev { 666 } else { args.priority });
+        if operator.identity.is_none() {
+            // One identity for the process, shared by peering and the lease (Kopf's, by default).
+            operator = operator.identity(&kactor_peering::peering::identity());
+        }
+        if args.leader_election {
+            let program = std::env::args().next().and_then(|p| {
+                std::path::Path::new(&p)
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+            });
+            let name = args
+                .lease_name
+                .clone()
+                .or(program)
+                .unwrap_or_else(|| "kactor-operator".to_string());
+            let namespace = args
+                .lease_namespace
+                .clone()
+                .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                .unwrap_or_else(|| "default".to_string());
+            let identity = operator
+                .identity
+                .clone()
+                .unwrap_or_else(kactor_peering::peering::identity);
+            operator = operator.leader_election(LeaseSettings::new(&name, &namespace, &identity));
+        }
+        operator.run().await
     }
 
     /// Runs until SIGINT or SIGTERM, then shuts down gracefully; a second signal returns at once.
@@ -242,14 +354,95 @@ impl Operator {
                 });
             }
         }
+        let coordination = Coordination::start(&self, &client)?;
         let mut orchestra = Orchestra::new(&self, client.clone()).await?;
         orchestra.serve(stop).await?;
         let ultimate = self.settings.process.ultimate_exiting_timeout;
-        let graceful =
-            tokio::time::timeout(ultimate, orchestra.shutdown(&self.registry, activity_ctx));
+        let graceful = async {
+            orchestra.shutdown(&self.registry, activity_ctx).await;
+            // Last: the lease is released and the peering record removed only once nothing works.
+            coordination.stop().await;
+        };
+        let graceful = tokio::time::timeout(ultimate, graceful);
         tokio::select! {
             finished = graceful => finished.map_err(|_| Error::ExitTimeout(ultimate)),
             () = interrupt => Err(Error::Interrupted),
+        }
+    }
+}
+
+/// The tasks that decide whether this operator may work (peering, leader election). They run from
+/// before the first watch until after the last handler, and are never paused themselves.
+struct Coordination {
+    stop: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Coordination {
+    fn start(operator: &Operator, client: &kube::Client) -> Result<Self> {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let until_stopped = move || {
+            let mut stopped = stopped.clone();
+            async move {
+                let _ = stopped.wait_for(|stop| *stop).await;
+            }
+        };
+        let identity = operator
+            .identity
+            .clone()
+            .unwrap_or_else(kactor_peering::peering::identity);
+        let mut tasks = Vec::new();
+        if let Some(lease) = &operator.leader_election {
+            lease.validate()?;
+            // The elector pauses the operator as it is made, before anything could be watched.
+            let elector =
+                LeaderElector::new(client.clone(), lease.clone(), operator.switch.clone());
+            let stopped = until_stopped();
+            tasks.push(tokio::spawn(async move {
+                if let Err(error) = elector.run(stopped).await {
+                    tracing::error!(%error, "leader election stopped");
+                }
+            }));
+        }
+        if operator.peering.mode != PeeringMode::Standalone {
+            let mut settings = operator.peering.clone();
+            match &operator.scope {
+                Scope::ClusterWide => settings.clusterwide = true,
+                Scope::Namespaces(patterns) => {
+                    match NamespacePatterns::parse(patterns)?.exact_names() {
+                        Some(names) => {
+                            settings.clusterwide = false;
+                            settings.namespaces = names;
+                        }
+                        None => {
+                            // Kopf keeps a KopfPeering per served namespace as they come and go; with
+                            // glob patterns, kactor peers through the cluster-wide object instead.
+                            tracing::info!("namespace patterns with globs: peering through the ClusterKopfPeering `{}`", settings.name);
+                            settings.clusterwide = true;
+                        }
+                    }
+                }
+            }
+            if settings.mode == PeeringMode::Mandatory {
+                // Paused from the start: the peering lifts this once it has seen that nobody outranks us.
+                operator.switch.set(
+                    kactor_peering::peering::CRD_MISSING,
+                    Some(format!("waiting for the peering `{}`", settings.name)),
+                );
+            }
+            let (client, switch, stopped) =
+                (client.clone(), operator.switch.clone(), until_stopped());
+            tasks.push(tokio::spawn(kactor_peering::peering::run(
+                client, settings, identity, switch, stopped,
+            )));
+        }
+        Ok(Coordination { stop, tasks })
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        for task in self.tasks {
+            let _ = task.await;
         }
     }
 }
@@ -332,6 +525,7 @@ struct Orchestra {
     served: Served,
     resources: Vec<Resource>,
     running: HashMap<SupervisorKey, Addr<ResourceSupervisor>>,
+    switch: PauseSwitch,
 }
 
 impl Orchestra {
@@ -376,6 +570,7 @@ impl Orchestra {
             served,
             resources,
             running: HashMap::new(),
+            switch: operator.switch.clone(),
         })
     }
 
@@ -406,6 +601,11 @@ impl Orchestra {
             "customresourcedefinitions",
         );
         tokio::pin!(stop);
+        let mut pauses = self.switch.subscribe();
+        let mut paused = self.switch.is_paused();
+        if paused {
+            tracing::info!(reasons = ?self.switch.reasons(), "Starting paused.");
+        }
         loop {
             let namespace_batch = async {
                 match namespaces.as_mut() {
@@ -421,6 +621,16 @@ impl Orchestra {
             };
             tokio::select! {
                 () = &mut stop => return Ok(()),
+                changed = pauses.changed() => {
+                    if changed.is_err() {
+                        continue;
+                    }
+                    let reasons = pauses.borrow_and_update().clone();
+                    if reasons.is_empty() == paused {
+                        paused = !reasons.is_empty();
+                        self.pause_all(paused, &reasons);
+                    }
+                }
                 batch = namespace_batch => match batch {
                     Ok(items) => {
                         if self.follow_namespaces(items) {
@@ -444,6 +654,22 @@ impl Orchestra {
                         crds = None;
                     }
                 },
+            }
+        }
+    }
+
+    /// Pauses every supervisor (streams stop, memories stay) or resumes them (they list again).
+    fn pause_all(&self, paused: bool, reasons: &std::collections::BTreeMap<String, String>) {
+        if paused {
+            let why: Vec<&str> = reasons.values().map(String::as_str).collect();
+            tracing::info!("Pausing operations: {}.", why.join("; "));
+            for supervisor in self.running.values() {
+                supervisor.do_send(Pause);
+            }
+        } else {
+            tracing::info!("Resuming operations.");
+            for supervisor in self.running.values() {
+                supervisor.do_send(Resume);
             }
         }
     }
@@ -558,6 +784,7 @@ impl Orchestra {
                 runtime: tokio::runtime::Handle::current(),
                 limiter: self.limiter.clone(),
                 tracker: self.tracker.clone(),
+                start_paused: self.switch.is_paused(),
             };
             let supervisor = self
                 .actors

@@ -216,3 +216,75 @@ fn kactor_events_with_an_unreachable_api_or_no_credentials_is_a_one_line_error()
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kactor_freeze_writes_a_kopf_record_and_resume_removes_it() {
+    use kube::api::PostParams;
+    let emulator = kactor::emulator::Emulator::start().await.unwrap();
+    let crds: Api<DynamicObject> = Api::all_with(
+        emulator.client(),
+        &kactor::emulator::samples::crd_api_resource(),
+    );
+    for crd in kactor::peering::peering::crds() {
+        crds.create(
+            &PostParams::default(),
+            &serde_json::from_value(crd).unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+    let resource = kube::discovery::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("kopf.dev", "v1", "ClusterKopfPeering"),
+        "clusterkopfpeerings",
+    );
+    let peerings: Api<DynamicObject> = Api::all_with(emulator.client(), &resource);
+    peerings
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(kactor::peering::peering::peering_object("default", None))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let dir = scratch("freeze");
+    emulator.write_kubeconfig(dir.join("kubeconfig")).unwrap();
+    let kactor = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_kactor"))
+            .args(args)
+            .env("KUBECONFIG", dir.join("kubeconfig"))
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let output = kactor(&["freeze", "-t", "60", "-p", "200", "-i", "maintainer"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let record = peerings.get("default").await.unwrap().data["status"]["maintainer"].clone();
+    assert_eq!(
+        (record["priority"].as_i64(), record["lifetime"].as_i64()),
+        (Some(200), Some(60)),
+        "{record}"
+    );
+    assert!(
+        record["lastseen"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("+00:00")),
+        "{record}"
+    );
+    let output = kactor(&["resume", "-i", "maintainer"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let status = peerings.get("default").await.unwrap().data["status"].clone();
+    assert!(
+        status.get("maintainer").is_none_or(|r| r.is_null()),
+        "{status}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

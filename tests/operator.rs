@@ -522,3 +522,88 @@ async fn a_shutdown_longer_than_the_ultimate_exiting_timeout_gives_up() {
         .unwrap_err();
     assert!(matches!(error, kactor::Error::ExitTimeout(_)), "{error}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pausing_stops_handling_keeps_memory_and_resuming_catches_up() {
+    let (emulator, widgets) = emulator_with_widgets().await;
+    create(&widgets, "steady").await;
+    create(&widgets, "changing").await;
+    let seen = Seen::default();
+    #[derive(Default)]
+    struct Events(u32);
+    let counts: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+    let operator = recording(&emulator, &seen).on_event("widgets.example.com", "count", {
+        let counts = counts.clone();
+        move |ctx: Ctx| {
+            let counts = counts.clone();
+            async move {
+                let n = ctx.memo.with(|events: &mut Events| {
+                    events.0 += 1;
+                    events.0
+                });
+                counts.lock().unwrap().insert(ctx.name().to_string(), n);
+                Ok(())
+            }
+        }
+    });
+    let switch = operator.pause_switch();
+    let running = spawn(operator);
+    seen.until("the listing", |s| s.len() == 2).await;
+
+    switch.set("test", Some("paused by the test".into()));
+    // The pause reaches the supervisors in well under a millisecond; this is a generous margin.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    create(&widgets, "while-paused").await;
+    widgets
+        .patch(
+            "changing",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"size": 9}})),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        seen.all().len(),
+        2,
+        "nothing is handled while paused: {:?}",
+        seen.all()
+    );
+
+    switch.set("test", None);
+    seen.until("the changes made while paused", |s| {
+        s.iter().any(|(_, n)| n == "while-paused")
+            && s.iter().filter(|(_, n)| n == "changing").count() == 2
+    })
+    .await;
+    assert_eq!(
+        seen.count("None", "steady"),
+        1,
+        "an unchanged object is not handled again after a resume"
+    );
+    assert_eq!(
+        counts.lock().unwrap().get("changing"),
+        Some(&2),
+        "the memo survived the pause"
+    );
+    running.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_that_starts_paused_waits_for_the_resume() {
+    let (emulator, widgets) = emulator_with_widgets().await;
+    create(&widgets, "waiting").await;
+    let seen = Seen::default();
+    let operator = recording(&emulator, &seen);
+    let switch = operator.pause_switch();
+    switch.set("test", Some("paused before the start".into()));
+    let running = spawn(operator);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(seen.all().is_empty(), "{:?}", seen.all());
+    switch.set("test", None);
+    seen.until("the object after the resume", |s| {
+        s.iter().any(|(_, n)| n == "waiting")
+    })
+    .await;
+    running.stop().await.unwrap();
+}

@@ -54,6 +54,8 @@ pub struct SupervisorConfig {
     pub limiter: Arc<Semaphore>,
     /// The handler tasks in flight.
     pub tracker: Arc<Tracker>,
+    /// Start without watching (the operator is paused); a [`Resume`] starts the stream.
+    pub start_paused: bool,
 }
 
 /// One batch from the watch stream.
@@ -70,6 +72,18 @@ struct WatchEnded(WatchError);
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Shutdown;
+
+/// Stop the watch stream and keep every object's record: the operator is paused (peering, leader
+/// election). Handlers already running finish.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Pause;
+
+/// Watch again after a pause: a fresh listing, with unchanged objects skipped and vanished ones
+/// dispatched as deleted, as after a 410.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Resume;
 
 /// How many objects the supervisor knows, and how many have a running worker.
 #[derive(Message)]
@@ -179,6 +193,55 @@ impl ResourceSupervisor {
         }
     }
 
+    /// Starts the watch stream: a fresh listing, then watching.
+    fn start_watching(&mut self, ctx: &mut Context<Self>) {
+        let config = &self.config;
+        let api: Api<DynamicObject> = match &config.namespace {
+            Some(namespace) if config.resource.namespaced => Api::namespaced_with(
+                config.client.clone(),
+                namespace,
+                &config.resource.api_resource(),
+            ),
+            _ => Api::all_with(config.client.clone(), &config.resource.api_resource()),
+        };
+        let mut watcher = Watcher::new(
+            api,
+            self.label.clone(),
+            config.settings.watching.clone(),
+            config.settings.networking.clone(),
+        );
+        self.status = Some(watcher.status());
+        self.listing.clear();
+        let address = ctx.address();
+        tracing::debug!(supervisor = %self.label, "watching");
+        self.watch = Some(config.runtime.spawn(async move {
+            // Up to IN_FLIGHT batches are routed while the next page is fetched and decoded; beyond
+            // that the stream waits for the supervisor (backpressure, not an unbounded backlog).
+            let mut in_flight = std::collections::VecDeque::new();
+            loop {
+                match watcher.next_batch().await {
+                    Ok(batch) => {
+                        in_flight.push_back(address.send(Batch(batch, Instant::now())));
+                        if in_flight.len() >= IN_FLIGHT {
+                            if let Some(oldest) = in_flight.pop_front() {
+                                if oldest.await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                    Err(error) => {
+                        for pending in in_flight.drain(..) {
+                            let _ = pending.await;
+                        }
+                        address.do_send(WatchEnded(error));
+                        return;
+                    }
+                }
+            }
+        }));
+    }
+
     /// A listing completed: whatever was known but not listed vanished while the stream was down.
     fn finish_listing(&mut self, received: Instant) {
         let listed = std::mem::take(&mut self.listing);
@@ -217,14 +280,6 @@ impl Actor for ResourceSupervisor {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         let config = &self.config;
-        let api: Api<DynamicObject> = match &config.namespace {
-            Some(namespace) if config.resource.namespaced => Api::namespaced_with(
-                config.client.clone(),
-                namespace,
-                &config.resource.api_resource(),
-            ),
-            _ => Api::all_with(config.client.clone(), &config.resource.api_resource()),
-        };
         self.shared = Some(Arc::new(WorkerShared {
             resource: config.resource.clone(),
             handlers: config.handlers.clone(),
@@ -235,41 +290,11 @@ impl Actor for ResourceSupervisor {
             idle_timeout: config.settings.queueing.idle_timeout,
             supervisor: ctx.address().recipient(),
         }));
-        let mut watcher = Watcher::new(
-            api,
-            self.label.clone(),
-            config.settings.watching.clone(),
-            config.settings.networking.clone(),
-        );
-        self.status = Some(watcher.status());
-        let address = ctx.address();
-        tracing::debug!(supervisor = %self.label, "watching");
-        self.watch = Some(config.runtime.spawn(async move {
-            // Up to IN_FLIGHT batches are routed while the next page is fetched and decoded; beyond
-            // that the stream waits for the supervisor (backpressure, not an unbounded backlog).
-            let mut in_flight = std::collections::VecDeque::new();
-            loop {
-                match watcher.next_batch().await {
-                    Ok(batch) => {
-                        in_flight.push_back(address.send(Batch(batch, Instant::now())));
-                        if in_flight.len() >= IN_FLIGHT {
-                            if let Some(oldest) = in_flight.pop_front() {
-                                if oldest.await.is_err() {
-                                    return;
-                                }
-                            }
-                        }
-                    }
-                    Err(error) => {
-                        for pending in in_flight.drain(..) {
-                            let _ = pending.await;
-                        }
-                        address.do_send(WatchEnded(error));
-                        return;
-                    }
-                }
-            }
-        }));
+        if config.start_paused {
+            tracing::debug!(supervisor = %self.label, "starting paused");
+        } else {
+            self.start_watching(ctx);
+        }
     }
 
     fn stopped(&mut self, _: &mut Context<Self>) {
@@ -334,6 +359,27 @@ impl Handler<Shutdown> for ResourceSupervisor {
 
     fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) {
         ctx.stop();
+    }
+}
+
+impl Handler<Pause> for ResourceSupervisor {
+    type Result = ();
+
+    fn handle(&mut self, _: Pause, _: &mut Context<Self>) {
+        if let Some(watch) = self.watch.take() {
+            watch.abort();
+            tracing::debug!(supervisor = %self.label, "paused");
+        }
+    }
+}
+
+impl Handler<Resume> for ResourceSupervisor {
+    type Result = ();
+
+    fn handle(&mut self, _: Resume, ctx: &mut Context<Self>) {
+        if self.watch.is_none() {
+            self.start_watching(ctx);
+        }
     }
 }
 

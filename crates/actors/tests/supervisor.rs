@@ -56,6 +56,7 @@ async fn idle_workers_stop_but_every_objects_record_stays() {
         runtime: tokio::runtime::Handle::current(),
         limiter: Arc::new(Semaphore::new(8)),
         tracker: Arc::new(Tracker::default()),
+        start_paused: false,
     };
     let actors = ActorSystem::start().unwrap();
     let supervisor = actors

@@ -11,6 +11,7 @@ pub mod discovery;
 pub mod handlers;
 pub mod logging;
 pub mod namespaces;
+pub mod pausing;
 pub mod resources;
 pub mod settings;
 pub mod watching;
