@@ -526,6 +526,9 @@ struct Orchestra {
     resources: Vec<Resource>,
     running: HashMap<SupervisorKey, Addr<ResourceSupervisor>>,
     switch: PauseSwitch,
+    /// Whether the supervisors are paused: changed only by the loop that follows the switch, so that
+    /// a supervisor started in between is started in the state the others are in.
+    paused: bool,
 }
 
 impl Orchestra {
@@ -571,6 +574,7 @@ impl Orchestra {
             resources,
             running: HashMap::new(),
             switch: operator.switch.clone(),
+            paused: false,
         })
     }
 
@@ -590,6 +594,12 @@ impl Orchestra {
 
     /// Serves until `stop`: starts the supervisors, then follows namespaces and CRDs.
     async fn serve(&mut self, stop: impl Future<Output = ()> + Send) -> Result<()> {
+        // Subscribe before the first supervisor starts: no change of the switch can fall in between.
+        let mut pauses = self.switch.subscribe();
+        self.paused = !pauses.borrow_and_update().is_empty();
+        if self.paused {
+            tracing::info!(reasons = ?self.switch.reasons(), "Starting paused.");
+        }
         self.reconcile().await?;
         let mut namespaces = match self.served {
             Served::Watched { .. } => self.watcher_for("", "namespaces", "namespaces"),
@@ -601,11 +611,6 @@ impl Orchestra {
             "customresourcedefinitions",
         );
         tokio::pin!(stop);
-        let mut pauses = self.switch.subscribe();
-        let mut paused = self.switch.is_paused();
-        if paused {
-            tracing::info!(reasons = ?self.switch.reasons(), "Starting paused.");
-        }
         loop {
             let namespace_batch = async {
                 match namespaces.as_mut() {
@@ -626,9 +631,9 @@ impl Orchestra {
                         continue;
                     }
                     let reasons = pauses.borrow_and_update().clone();
-                    if reasons.is_empty() == paused {
-                        paused = !reasons.is_empty();
-                        self.pause_all(paused, &reasons);
+                    if reasons.is_empty() == self.paused {
+                        self.paused = !reasons.is_empty();
+                        self.pause_all(self.paused, &reasons);
                     }
                 }
                 batch = namespace_batch => match batch {
@@ -784,7 +789,7 @@ impl Orchestra {
                 runtime: tokio::runtime::Handle::current(),
                 limiter: self.limiter.clone(),
                 tracker: self.tracker.clone(),
-                start_paused: self.switch.is_paused(),
+                start_paused: self.paused,
             };
             let supervisor = self
                 .actors

@@ -206,3 +206,66 @@ async fn only_the_lease_holder_works_and_a_standby_takes_over_when_it_exits() {
     b.until("third").await;
     b_running.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_operator_pauses_when_a_higher_priority_arrives() {
+    let (emulator, widgets) = with_peering().await;
+    create(&widgets, "first").await;
+    let (deployed, developer) = (Handled::default(), Handled::default());
+    let deployed_running = spawn(
+        operator(&emulator, "deployed", &deployed)
+            .peering("default")
+            .priority(0),
+    );
+    deployed.until("first").await;
+    // A developer's operator with --dev (priority 666) arrives: the deployed one pauses.
+    let developer_running = spawn(
+        operator(&emulator, "developer", &developer)
+            .peering("default")
+            .priority(666),
+    );
+    developer.until("first").await;
+    // Generous margin for the deployed operator to see the developer's record (it takes milliseconds).
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    create(&widgets, "second").await;
+    developer.until("second").await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(
+        !deployed.has("second"),
+        "the outranked operator still works: {:?}",
+        deployed.names()
+    );
+    developer_running.stop().await;
+    deployed.until("second").await;
+    deployed_running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_mandatory_peering_keeps_the_operator_paused() {
+    let (emulator, widgets) = with_peering().await;
+    create(&widgets, "object").await;
+    let handled = Handled::default();
+    let running = spawn(operator(&emulator, "waiting", &handled).peering("nonexistent"));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(handled.names().is_empty(), "{:?}", handled.names());
+    let peerings: Api<DynamicObject> = Api::all_with(
+        emulator.client(),
+        &kube::discovery::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("kopf.dev", "v1", "ClusterKopfPeering"),
+            "clusterkopfpeerings",
+        ),
+    );
+    peerings
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(kactor::peering::peering::peering_object(
+                "nonexistent",
+                None,
+            ))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    handled.until("object").await;
+    running.stop().await;
+}
