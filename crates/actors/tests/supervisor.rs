@@ -12,7 +12,7 @@ use kactor_emulator::{samples, Emulator};
 use kactor_reactor::handlers::{Ctx, EventHandler};
 use kactor_reactor::resources::Selector;
 use kactor_reactor::settings::Settings;
-use kube::api::{Api, DynamicObject, PostParams};
+use kube::api::PostParams;
 use tokio::sync::Semaphore;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
