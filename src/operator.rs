@@ -819,3 +819,28 @@ impl Orchestra {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_second_signal_during_a_slow_shutdown_returns_at_once() {
+        let emulator = kactor_emulator::Emulator::start().await.unwrap();
+        let operator = Operator::new()
+            .client(emulator.client())
+            .standalone()
+            .on_cleanup("slow", |_: ActivityCtx| async {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                Ok(())
+            });
+        // The first "signal" stops serving; the second comes while the cleanup hangs.
+        let interrupt = async { tokio::time::sleep(Duration::from_millis(300)).await };
+        let result =
+            tokio::time::timeout(Duration::from_secs(30), operator.serve(async {}, interrupt))
+                .await
+                .expect("no hang");
+        assert!(matches!(result, Err(Error::Interrupted)), "{result:?}");
+    }
+}
