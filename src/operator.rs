@@ -339,7 +339,7 @@ impl Operator {
             Some(client) => client,
             None => kube::Client::try_default()
                 .await
-                .map_err(|e| Error::Credentials(one_line(&e.to_string())))?,
+                .map_err(|e| Error::Credentials(discovery::one_line(&e.to_string())))?,
         };
         let activity_ctx = ActivityCtx {
             memo: self.memo.clone(),
@@ -484,10 +484,6 @@ async fn stop_signal() {
     {
         let _ = tokio::signal::ctrl_c().await;
     }
-}
-
-fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// A supervisor's identity: the resource (kubectl form) and the namespace (None: cluster-wide).

@@ -13,8 +13,9 @@
 //!   the identity it was last seen with, the last body is not kept).
 //! * An object's record (memo, last resourceVersion) lives until the object is deleted, whether or not
 //!   its worker is running.
-//! * A watch failure the watcher cannot recover from ends the supervisor and is reported in its
-//!   [`WatchStatus`]; the caller decides what to do (a resource that is no longer served is dropped).
+//! * Failures the watcher recovers from are retried there (and recorded in its `WatchStatus`); one it
+//!   cannot recover from (the resource is no longer served, or the request is rejected) ends the
+//!   supervisor, logged; the operator drops it or starts it again when discovery says so.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -24,7 +25,7 @@ use actix::prelude::*;
 use kactor_reactor::handlers::{EventHandler, Memo};
 use kactor_reactor::resources::Resource;
 use kactor_reactor::settings::Settings;
-use kactor_reactor::watching::{EventType, WatchError, WatchItem, WatchStatus, Watcher};
+use kactor_reactor::watching::{EventType, WatchError, WatchItem, Watcher};
 use kube::api::{Api, DynamicObject, ObjectMeta};
 use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
@@ -122,7 +123,6 @@ pub struct ResourceSupervisor {
     records: HashMap<Arc<str>, Record>,
     /// Keys seen in the listing under way, to find what vanished when it completes.
     listing: HashSet<Arc<str>>,
-    status: Option<Arc<WatchStatus>>,
     watch: Option<tokio::task::JoinHandle<()>>,
     shared: Option<Arc<WorkerShared>>,
 }
@@ -139,15 +139,9 @@ impl ResourceSupervisor {
             label,
             records: HashMap::new(),
             listing: HashSet::new(),
-            status: None,
             watch: None,
             shared: None,
         }
-    }
-
-    /// The watch stream's health (available once started).
-    pub fn status(&self) -> Option<Arc<WatchStatus>> {
-        self.status.clone()
     }
 
     fn route(&mut self, event_type: EventType, object: DynamicObject, received: Instant) {
@@ -210,7 +204,6 @@ impl ResourceSupervisor {
             config.settings.watching.clone(),
             config.settings.networking.clone(),
         );
-        self.status = Some(watcher.status());
         self.listing.clear();
         let address = ctx.address();
         tracing::debug!(supervisor = %self.label, "watching");

@@ -184,11 +184,7 @@ fn group_version_key(rtype: &ResourceType, version: &str) -> String {
 }
 
 fn hash(text: &str) -> String {
-    let mut hash: u64 = 0xcbf29ce484222325;
-    for byte in text.bytes() {
-        hash = (hash ^ u64::from(byte)).wrapping_mul(0x100000001b3);
-    }
-    format!("{hash:016X}")
+    format!("{:016X}", crate::registry::fnv1a(text))
 }
 
 /// The OpenAPI v3 root: one entry per group-version, with a URL that changes with its content.

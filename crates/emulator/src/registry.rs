@@ -176,11 +176,15 @@ impl ResourceType {
 /// A stable hash, as the API server publishes one, so clients can tell storage versions apart.
 fn storage_version_hash(group: &str, version: &str, kind: &str) -> String {
     use base64::Engine;
-    let mut hash: u64 = 0xcbf29ce484222325;
-    for byte in format!("{group}/{version}/{kind}").bytes() {
-        hash = (hash ^ u64::from(byte)).wrapping_mul(0x100000001b3);
-    }
+    let hash = fnv1a(&format!("{group}/{version}/{kind}"));
     base64::engine::general_purpose::STANDARD.encode(hash.to_be_bytes())
+}
+
+/// FNV-1a: a stable, dependency-free hash for the fingerprints the API server publishes.
+pub(crate) fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf29ce484222325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x100000001b3)
+    })
 }
 
 /// A built-in kind; every one the emulator serves is in the `v1` of its group.

@@ -139,8 +139,9 @@ fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
     }
 }
 
-/// Server messages may span lines (HTML error pages from proxies); an error message must not.
-fn one_line(text: &str) -> String {
+/// Server messages may span lines (HTML error pages from proxies); an error message must not: the
+/// text on one line, whitespace folded, cut at 300 characters.
+pub fn one_line(text: &str) -> String {
     const LIMIT: usize = 300;
     let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
     match text.char_indices().nth(LIMIT) {

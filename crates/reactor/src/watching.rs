@@ -313,7 +313,7 @@ impl Watcher {
                             }
                             return Ok(items);
                         }
-                        Err(error) if status_code(&error) == Some(410) => {
+                        Err(error) if status_of(&error).is_some_and(|(code, _)| code == 410) => {
                             tracing::info!(watcher = %self.label, "the listing expired (410 Gone); listing again");
                             self.status.restarted(RestartReason::Relist410);
                             self.state = State::Empty;
@@ -339,7 +339,7 @@ impl Watcher {
                                 stream: stream.boxed(),
                             };
                         }
-                        Err(error) if status_code(&error) == Some(410) => {
+                        Err(error) if status_of(&error).is_some_and(|(code, _)| code == 410) => {
                             self.status.restarted(RestartReason::Relist410);
                             self.state = State::Empty;
                         }
@@ -488,13 +488,6 @@ fn push_event(
         rv.clone_from(version);
     }
     items.push(WatchItem::Event(type_, object));
-}
-
-fn status_code(error: &kube::Error) -> Option<u16> {
-    match error {
-        kube::Error::Api(status) => Some(status.code),
-        _ => None,
-    }
 }
 
 fn status_of(error: &kube::Error) -> Option<(u16, String)> {
