@@ -24,14 +24,21 @@ pub use operator::Operator;
 pub mod prelude {
     pub use crate::cli::Scope;
     pub use crate::operator::Operator;
-    pub use kactor_reactor::handlers::{ActivityCtx, Ctx, HandlerError, HandlerResult, Memo};
+    pub use kactor_reactor::causes::Reason;
+    pub use kactor_reactor::filters::{MetaFilter, ValueFilter};
+    pub use kactor_reactor::handlers::{
+        ActivityCtx, Ctx, ErrorsMode, HandlerError, HandlerResult, Memo, On,
+    };
+    pub use kactor_reactor::lifecycles::Lifecycle;
     pub use kactor_reactor::resources::{Resource, Selector};
     pub use kactor_reactor::settings::Settings;
     pub use kactor_reactor::watching::EventType;
     pub use serde_json::json;
 }
 
-pub use kactor_reactor::{handlers, pausing, resources, settings};
+pub use kactor_reactor::{
+    causes, diffs, filters, handlers, lifecycles, patches, pausing, posting, resources, settings,
+};
 
 /// Peering with other operators (Kopf-compatible) and Lease-based leader election.
 pub use kactor_peering as peering;

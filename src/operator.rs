@@ -24,12 +24,15 @@ use kactor_actors::system::ActorSystem;
 use kactor_actors::tracker::Tracker;
 use kactor_peering::lease::{LeaderElector, LeaseSettings};
 use kactor_peering::peering::{PeeringMode, PeeringSettings};
+use kactor_reactor::causes::Reason;
 use kactor_reactor::discovery::{self, ResolveError};
 use kactor_reactor::handlers::{
-    Activity, ActivityCtx, Ctx, EventHandler, HandlerResult, Memo, Registry,
+    handler_fn, Activity, ActivityCtx, ChangingHandler, Ctx, EventHandler, HandlerError,
+    HandlerResult, Memo, On, Registry, ResourceHandlers,
 };
 use kactor_reactor::namespaces::NamespacePatterns;
 use kactor_reactor::pausing::PauseSwitch;
+use kactor_reactor::posting::EventPoster;
 use kactor_reactor::resources::{Resource, Selector};
 use kactor_reactor::settings::Settings;
 use kactor_reactor::watching::{WatchItem, Watcher};
@@ -211,17 +214,178 @@ impl Operator {
     ///     Ok(())
     /// });
     /// ```
-    pub fn on_event<S, F, Fut>(mut self, resource: S, id: &str, handler: F) -> Self
+    ///
+    /// A returned value other than `()` lands in `status.<id>`; filters apply as for other
+    /// handlers (`On::id("audit").label("app", "web")`).
+    pub fn on_event<S, O, F, Fut, R>(mut self, resource: S, on: O, handler: F) -> Self
     where
         S: Into<Selector>,
+        O: Into<On>,
         F: Fn(Ctx) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = HandlerResult> + Send + 'static,
+        Fut: Future<Output = std::result::Result<R, HandlerError>> + Send + 'static,
+        R: serde::Serialize + 'static,
     {
-        let func = Arc::new(move |ctx: Ctx| handler(ctx).boxed());
+        let on = on.into();
         self.registry.event_handlers.push(EventHandler {
-            id: id.to_string(),
+            id: on.id,
             selector: resource.into(),
-            func,
+            filters: on.filters,
+            param: on.options.param,
+            func: handler_fn(handler),
+        });
+        self
+    }
+
+    /// Registers a creation handler: it runs for objects that have never been handled (no diff-base
+    /// stored), retried until it succeeds or fails for good; what it returns lands in `status.<id>`.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// let operator = Operator::new().on_create(("example.com", "v1", "widgets"), "create_fn", |ctx: Ctx| async move {
+    ///     let size = ctx.spec()["size"].as_i64().unwrap_or(1);
+    ///     if size > 100 {
+    ///         return Err(HandlerError::permanent("too big"));
+    ///     }
+    ///     Ok(json!({"message": format!("created with size {size}")}))
+    /// });
+    /// ```
+    pub fn on_create<S, O, F, Fut, R>(self, resource: S, on: O, handler: F) -> Self
+    where
+        S: Into<Selector>,
+        O: Into<On>,
+        F: Fn(Ctx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<R, HandlerError>> + Send + 'static,
+        R: serde::Serialize + 'static,
+    {
+        self.changing(resource.into(), on.into(), Some(Reason::Create), handler)
+    }
+
+    /// Registers an update handler: it runs when the object's essence (spec, labels, annotations)
+    /// changed since it was last handled. With `On::field`, only when that field changed, and
+    /// `ctx.old()`/`ctx.new_value()`/`ctx.diff()` are reduced to it.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// let operator = Operator::new().on_update(("example.com", "v1", "widgets"), "update_fn", |ctx: Ctx| async move {
+    ///     for item in ctx.diff().iter() {
+    ///         println!("{:?} {:?}: {:?} -> {:?}", item.op, item.field, item.old, item.new);
+    ///     }
+    ///     Ok(())
+    /// });
+    /// ```
+    pub fn on_update<S, O, F, Fut, R>(self, resource: S, on: O, handler: F) -> Self
+    where
+        S: Into<Selector>,
+        O: Into<On>,
+        F: Fn(Ctx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<R, HandlerError>> + Send + 'static,
+        R: serde::Serialize + 'static,
+    {
+        self.changing(resource.into(), on.into(), Some(Reason::Update), handler)
+    }
+
+    /// Registers a deletion handler. Unless `On::optional()`, the object carries the finalizer
+    /// `kopf.zalando.org/KopfFinalizerMarker` while it matches, so the handler runs before the object
+    /// goes, even when the operator was down at the time of deletion.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// let operator = Operator::new().on_delete(("example.com", "v1", "widgets"), "cleanup", |ctx: Ctx| async move {
+    ///     println!("{} is going", ctx.name());
+    ///     Ok(())
+    /// });
+    /// ```
+    pub fn on_delete<S, O, F, Fut, R>(self, resource: S, on: O, handler: F) -> Self
+    where
+        S: Into<Selector>,
+        O: Into<On>,
+        F: Fn(Ctx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<R, HandlerError>> + Send + 'static,
+        R: serde::Serialize + 'static,
+    {
+        self.changing(resource.into(), on.into(), Some(Reason::Delete), handler)
+    }
+
+    /// Registers a resume handler: it runs once per operator process for every object found at
+    /// startup (the initial listing) that was handled before, whatever else happens to it; with
+    /// `On::deleted()` also for objects being deleted.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// let operator = Operator::new().on_resume(("example.com", "v1", "widgets"), "reconnect", |ctx: Ctx| async move {
+    ///     Ok(())
+    /// });
+    /// ```
+    pub fn on_resume<S, O, F, Fut, R>(self, resource: S, on: O, handler: F) -> Self
+    where
+        S: Into<Selector>,
+        O: Into<On>,
+        F: Fn(Ctx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<R, HandlerError>> + Send + 'static,
+        R: serde::Serialize + 'static,
+    {
+        self.changing(resource.into(), on.into(), None, handler)
+    }
+
+    /// Registers a field handler: it runs for creation, update and deletion whenever `field` differs
+    /// between the old and new essence (`field` may name something outside `spec`, such as
+    /// `status.phase` or `metadata.labels.app`). Its id is `<id>/<field>`, as in Kopf.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// let operator = Operator::new().on_field(("example.com", "v1", "widgets"), "spec.size", "resize", |ctx: Ctx| async move {
+    ///     println!("size: {:?} -> {:?}", ctx.old(), ctx.new_value());
+    ///     Ok(())
+    /// });
+    /// ```
+    pub fn on_field<S, O, F, Fut, R>(self, resource: S, field: &str, on: O, handler: F) -> Self
+    where
+        S: Into<Selector>,
+        O: Into<On>,
+        F: Fn(Ctx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<R, HandlerError>> + Send + 'static,
+        R: serde::Serialize + 'static,
+    {
+        let mut on = on.into().field(field);
+        let path = on.filters.field.clone().unwrap_or_default().join(".");
+        on.id = format!("{}/{path}", on.id);
+        self.changing(resource.into(), on, Some(Reason::Noop), handler)
+    }
+
+    /// Registers a changing handler. `reason`: Some(Noop) marks a field handler (any reason, the
+    /// field must change); None a resume handler.
+    fn changing<F, Fut, R>(
+        mut self,
+        selector: Selector,
+        on: On,
+        reason: Option<Reason>,
+        handler: F,
+    ) -> Self
+    where
+        F: Fn(Ctx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<R, HandlerError>> + Send + 'static,
+        R: serde::Serialize + 'static,
+    {
+        let field_handler = reason == Some(Reason::Noop);
+        let resume = reason.is_none();
+        let delete = reason == Some(Reason::Delete);
+        let needs_change =
+            field_handler || (reason == Some(Reason::Update) && on.filters.field.is_some());
+        self.registry.changing_handlers.push(ChangingHandler {
+            id: on.id,
+            selector,
+            reason: if field_handler || resume {
+                None
+            } else {
+                reason
+            },
+            initial: resume,
+            deleted: resume && on.deleted,
+            requires_finalizer: delete && !on.optional,
+            field_needs_change: needs_change,
+            options: on.options,
+            filters: on.filters,
+            func: handler_fn(handler),
         });
         self
     }
@@ -517,6 +681,7 @@ struct Orchestra {
     actors: ActorSystem,
     limiter: Arc<Semaphore>,
     tracker: Arc<Tracker>,
+    poster: EventPoster,
     targets: Vec<Target>,
     served: Served,
     resources: Vec<Resource>,
@@ -556,6 +721,8 @@ impl Orchestra {
                 }
             }
         };
+        // The poster's task ends when the last handle is dropped, after posting what is queued.
+        let (poster, _) = EventPoster::start(client.clone(), operator.settings.posting.clone());
         Ok(Orchestra {
             client,
             settings: Arc::new(operator.settings.clone()),
@@ -565,6 +732,7 @@ impl Orchestra {
                 operator.settings.execution.max_concurrent_handlers.max(1),
             )),
             tracker: Arc::new(Tracker::default()),
+            poster,
             targets,
             served,
             resources,
@@ -739,8 +907,7 @@ impl Orchestra {
 
     /// Starts the supervisors that should run and stops those that should not.
     async fn reconcile(&mut self) -> Result<()> {
-        let mut desired: HashMap<SupervisorKey, (Arc<Resource>, Vec<EventHandler>)> =
-            HashMap::new();
+        let mut desired: HashMap<SupervisorKey, (Arc<Resource>, ResourceHandlers)> = HashMap::new();
         for target in &self.targets {
             let Some(resource) = &target.resolved else {
                 continue;
@@ -756,8 +923,9 @@ impl Orchestra {
             for namespace in namespaces {
                 let entry = desired
                     .entry((resource.to_string(), namespace))
-                    .or_insert_with(|| (resource.clone(), Vec::new()));
-                entry.1.extend(handlers.iter().cloned());
+                    .or_insert_with(|| (resource.clone(), ResourceHandlers::default()));
+                entry.1.event.extend(handlers.event.iter().cloned());
+                entry.1.changing.extend(handlers.changing.iter().cloned());
             }
         }
         let obsolete: Vec<_> = self
@@ -780,7 +948,8 @@ impl Orchestra {
                 resource,
                 namespace: key.1.clone(),
                 client: self.client.clone(),
-                handlers: handlers.into(),
+                handlers: Arc::new(handlers),
+                poster: self.poster.clone(),
                 settings: self.settings.clone(),
                 runtime: tokio::runtime::Handle::current(),
                 limiter: self.limiter.clone(),

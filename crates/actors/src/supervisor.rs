@@ -22,7 +22,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
-use kactor_reactor::handlers::{EventHandler, Memo};
+use kactor_reactor::handlers::{Memo, ResourceHandlers};
+use kactor_reactor::posting::EventPoster;
+use kactor_reactor::processing::{ObjectMemory, Processor};
 use kactor_reactor::resources::Resource;
 use kactor_reactor::settings::Settings;
 use kactor_reactor::watching::{EventType, WatchError, WatchItem, Watcher};
@@ -45,8 +47,10 @@ pub struct SupervisorConfig {
     pub namespace: Option<String>,
     /// The client.
     pub client: kube::Client,
-    /// The resource's `on_event` handlers.
-    pub handlers: Arc<[EventHandler]>,
+    /// The resource's handlers.
+    pub handlers: Arc<ResourceHandlers>,
+    /// Where Kubernetes Events about objects go.
+    pub poster: EventPoster,
     /// The operator's settings.
     pub settings: Arc<Settings>,
     /// The runtime that runs the watch stream and the handlers.
@@ -112,6 +116,8 @@ struct Record {
     sent: u64,
     /// The user's state for this object.
     memo: Memo,
+    /// The framework's state for this object (resume and retry bookkeeping).
+    memory: Arc<std::sync::Mutex<ObjectMemory>>,
     /// The running worker, if any.
     worker: Option<Addr<ObjectWorker>>,
 }
@@ -154,7 +160,11 @@ impl ResourceSupervisor {
             .into();
         if event_type == EventType::Listed {
             self.listing.insert(key.clone());
-            if self.records.get(&key).is_some_and(|r| r.rv == rv) {
+            let unchanged = self
+                .records
+                .get(&key)
+                .is_some_and(|r| r.rv == rv && !r.memory.lock().is_ok_and(|m| m.interrupted));
+            if unchanged {
                 return;
             }
         }
@@ -168,12 +178,19 @@ impl ResourceSupervisor {
             uid: object.metadata.uid.as_deref().map(Box::from),
             sent: 0,
             memo: Memo::default(),
+            memory: Arc::default(),
             worker: None,
         });
         record.rv = rv;
         record.sent += 1;
         let worker = record.worker.get_or_insert_with(|| {
-            ObjectWorker::new(key.clone(), record.memo.clone(), shared).start()
+            ObjectWorker::new(
+                key.clone(),
+                record.memo.clone(),
+                record.memory.clone(),
+                shared,
+            )
+            .start()
         });
         worker.do_send(Deliver {
             event_type,
@@ -273,14 +290,21 @@ impl Actor for ResourceSupervisor {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         let config = &self.config;
+        let processor = Processor::new(
+            config.resource.clone(),
+            config.handlers.clone(),
+            config.settings.clone(),
+            Arc::new(config.client.clone()),
+            config.poster.clone(),
+            config.limiter.clone(),
+        );
         self.shared = Some(Arc::new(WorkerShared {
-            resource: config.resource.clone(),
-            handlers: config.handlers.clone(),
-            client: Arc::new(config.client.clone()),
+            processor: Arc::new(processor),
             runtime: config.runtime.clone(),
-            limiter: config.limiter.clone(),
             tracker: config.tracker.clone(),
             idle_timeout: config.settings.queueing.idle_timeout,
+            consistency_timeout: config.settings.persistence.consistency_timeout,
+            error_delays: config.settings.queueing.error_delays.clone().into(),
             supervisor: ctx.address().recipient(),
         }));
         if config.start_paused {
@@ -362,6 +386,13 @@ impl Handler<Pause> for ResourceSupervisor {
         if let Some(watch) = self.watch.take() {
             watch.abort();
             tracing::debug!(supervisor = %self.label, "paused");
+        }
+        // Nothing is touched while paused: workers stop, their scheduled retries and touches with
+        // them; such objects are dispatched again by the listing after the resume (see `route`).
+        for record in self.records.values_mut() {
+            if let Some(worker) = record.worker.take() {
+                worker.do_send(Stop);
+            }
         }
     }
 }

@@ -1,38 +1,45 @@
 //! The ObjectWorker: one actor per object, the only place where that object is handled.
 //!
 //! **Expected flow**: the supervisor sends each of the object's events as [`Deliver`]. An idle worker
-//! starts a processing cycle at once; a busy one keeps only the newest event (coalescing), so the next
-//! cycle sees the newest body, never a backlog of stale states. A cycle runs the object's handlers one
-//! after another as a task on the operator's runtime (never on the actor's thread), each under the
-//! global limit of concurrently running handlers, and tells the worker when it is done.
+//! starts a processing cycle at once ([`Processor::process`], run as a task on the operator's runtime,
+//! never on the actor's thread); a busy one keeps only the newest event (coalescing), so the next cycle
+//! sees the newest body, never a backlog of stale states. When a cycle ends, the worker:
+//! * starts the next cycle if an event came meanwhile;
+//! * or, when changing handlers wait for our own last patch to come back through the watch, waits for
+//!   it until `persistence.consistency_timeout`, then runs the cycle again on what it has;
+//! * or, when handlers are delayed (a retry), sleeps that long and then touches the object, whose
+//!   event starts the next cycle; any event that comes first ends the sleep at once;
+//! * or, when the cycle failed unexpectedly (an API failure that outlived its retries), throttles the
+//!   object per `queueing.error_delays` (1, 1, 2, 3, 5, ... s; reset by a success), keeping the newest
+//!   event meanwhile, then tries again;
+//! * or idles.
 //!
 //! **Guarantees**
 //! * One cycle at a time per object; events are handled in arrival order (minus the coalesced ones).
-//! * A handler's error or panic is logged as that handler's failure; other handlers and objects go on.
+//! * A handler's error or panic is that handler's failure; other handlers and objects go on.
 //! * Every log line of a cycle carries the object (the `object` span).
+//! * The object's memory (memo, resume and retry bookkeeping) lives in the supervisor's record of the
+//!   object and survives the worker.
 //!
-//! **Idling**: after `queueing.idle_timeout` with nothing to do, the worker tells the supervisor, which
-//! stops it only if no event was sent since (the supervisor is the only sender, so none is in flight).
-//! The object's memo lives in the supervisor's record of the object and survives the worker.
+//! **Idling**: after `queueing.idle_timeout` with nothing to do and nothing scheduled, the worker tells
+//! the supervisor, which stops it only if no event was sent since (the supervisor is the only sender,
+//! so none is in flight).
 
-use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use futures::FutureExt;
-use kactor_reactor::handlers::{Ctx, EventHandler, HandlerError, Memo};
-use kactor_reactor::resources::Resource;
+use kactor_reactor::handlers::Memo;
+use kactor_reactor::processing::{Cycle, Event, ObjectMemory, ProcessingError, Processor};
 use kactor_reactor::watching::EventType;
 use kube::api::DynamicObject;
 use tokio::runtime::Handle;
-use tokio::sync::Semaphore;
 use tracing::Instrument;
 
 use crate::tracker::Tracker;
 
 /// An event for the worker's object.
-#[derive(Message)]
+#[derive(Message, Clone)]
 #[rtype(result = "()")]
 pub struct Deliver {
     /// What happened.
@@ -42,15 +49,23 @@ pub struct Deliver {
     /// The supervisor's count of events sent to this object (for safe idling).
     pub seq: u64,
     /// When the event was received from the API.
-    pub received: std::time::Instant,
+    pub received: Instant,
 }
 
 /// A cycle has ended.
 #[derive(Message)]
 #[rtype(result = "()")]
-struct CycleDone;
+struct CycleDone {
+    result: Result<Cycle, ProcessingError>,
+}
 
-/// Stop now (sent by the supervisor when the worker idles).
+/// A touch after a delay has ended.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Touched(Result<Option<String>, ProcessingError>);
+
+/// Stop after the cycle under way, if any; scheduled retries and touches are dropped (sent by the
+/// supervisor when the worker idles, when the operator pauses, and at exit).
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Stop;
@@ -68,20 +83,18 @@ pub struct Idle {
 /// What every worker of one supervisor shares.
 #[derive(Clone)]
 pub struct WorkerShared {
-    /// The resource served.
-    pub resource: Arc<Resource>,
-    /// The `on_event` handlers of that resource.
-    pub handlers: Arc<[EventHandler]>,
-    /// A client for the handlers.
-    pub client: Arc<kube::Client>,
-    /// The runtime handlers run on.
+    /// Runs the cycles.
+    pub processor: Arc<Processor>,
+    /// The runtime cycles run on.
     pub runtime: Handle,
-    /// The global limit of concurrently running handlers.
-    pub limiter: Arc<Semaphore>,
-    /// The handler tasks in flight.
+    /// The cycle tasks in flight.
     pub tracker: Arc<Tracker>,
     /// `queueing.idle_timeout`.
     pub idle_timeout: Duration,
+    /// `persistence.consistency_timeout`.
+    pub consistency_timeout: Duration,
+    /// `queueing.error_delays`.
+    pub error_delays: Arc<[Duration]>,
     /// Where idling is reported.
     pub supervisor: Recipient<Idle>,
 }
@@ -90,64 +103,186 @@ pub struct WorkerShared {
 pub struct ObjectWorker {
     key: Arc<str>,
     memo: Memo,
+    memory: Arc<Mutex<ObjectMemory>>,
     shared: Arc<WorkerShared>,
     busy: bool,
+    stopping: bool,
+    /// The newest event not yet processed.
     pending: Option<Deliver>,
+    /// The event of the last cycle, to run again after a consistency wait or throttling.
+    last: Option<Deliver>,
     last_seq: u64,
-    idle: Option<SpawnHandle>,
+    /// The idle timer, the retry sleep, the consistency wait or the throttling pause.
+    timer: Option<SpawnHandle>,
+    /// The timer is work to do (not the idle timer).
+    scheduled: bool,
+    throttled: bool,
+    throttle_step: usize,
+    /// The version our last patch produced, not yet seen in the watch, and until when to wait for it.
+    expected: Option<(String, Instant)>,
 }
 
 impl ObjectWorker {
-    /// A worker for the object known by `key`, with its memo.
-    pub fn new(key: Arc<str>, memo: Memo, shared: Arc<WorkerShared>) -> Self {
+    /// A worker for the object known by `key`, with its memo and memory.
+    pub fn new(
+        key: Arc<str>,
+        memo: Memo,
+        memory: Arc<Mutex<ObjectMemory>>,
+        shared: Arc<WorkerShared>,
+    ) -> Self {
         ObjectWorker {
             key,
             memo,
+            memory,
             shared,
             busy: false,
+            stopping: false,
             pending: None,
+            last: None,
             last_seq: 0,
-            idle: None,
+            timer: None,
+            scheduled: false,
+            throttled: false,
+            throttle_step: 0,
+            expected: None,
         }
+    }
+
+    fn cancel_timer(&mut self, ctx: &mut Context<Self>) {
+        self.scheduled = false;
+        if let Some(timer) = self.timer.take() {
+            ctx.cancel_future(timer);
+        }
+    }
+
+    fn span(&self, body: &DynamicObject) -> tracing::Span {
+        let resource = &self.shared.processor.resource;
+        let meta = &body.metadata;
+        let api_version = body
+            .types
+            .as_ref()
+            .map_or_else(|| resource.api_version(), |t| t.api_version.clone());
+        kactor_reactor::logging::object_span(
+            &api_version,
+            &resource.kind,
+            meta.name.as_deref().unwrap_or_default(),
+            meta.namespace.as_deref(),
+            meta.uid.as_deref().unwrap_or_default(),
+        )
     }
 
     fn start_cycle(&mut self, event: Deliver, ctx: &mut Context<Self>) {
         self.busy = true;
-        self.last_seq = event.seq;
-        if let Some(idle) = self.idle.take() {
-            ctx.cancel_future(idle);
-        }
-        let meta = &event.body.metadata;
-        let api_version = event.body.types.as_ref().map_or_else(
-            || self.shared.resource.api_version(),
-            |t| t.api_version.clone(),
-        );
-        let span = kactor_reactor::logging::object_span(
-            &api_version,
-            &self.shared.resource.kind,
-            meta.name.as_deref().unwrap_or_default(),
-            meta.namespace.as_deref(),
-            meta.uid.as_deref().unwrap_or_default(),
-        );
-        let handler_ctx = Ctx::new(
-            event.event_type,
-            event.body,
-            self.memo.clone(),
-            self.shared.resource.clone(),
-            self.shared.client.clone(),
-            event.received,
-        );
-        let handlers = self.shared.handlers.clone();
-        let limiter = self.shared.limiter.clone();
+        self.last_seq = self.last_seq.max(event.seq);
+        self.cancel_timer(ctx);
+        let consistent = match &self.expected {
+            None => true,
+            Some((_, deadline)) => Instant::now() >= *deadline,
+        };
+        let input = Event {
+            event_type: event.event_type,
+            body: event.body.clone(),
+            memo: self.memo.clone(),
+            received: event.received,
+            consistent,
+        };
+        let span = self.span(&event.body);
+        self.last = Some(event);
+        let processor = self.shared.processor.clone();
+        let memory = self.memory.clone();
         let address = ctx.address();
         let cycle = async move {
-            run_cycle(&handlers, handler_ctx, &limiter).await;
-            address.do_send(CycleDone);
+            // Only this object's one cycle at a time uses the memory; the lock is never contended
+            // and is not held across the cycle's awaits.
+            let mut taken = std::mem::take(&mut *lock(&memory));
+            let result = processor.process(input, &mut taken).await;
+            let mut slot = lock(&memory);
+            // A stop during the cycle may have marked the object as interrupted meanwhile.
+            taken.interrupted |= slot.interrupted;
+            *slot = taken;
+            drop(slot);
+            address.do_send(CycleDone { result });
         };
         self.shared
             .tracker
             .spawn(&self.shared.runtime, cycle.instrument(span));
     }
+
+    /// Nothing to do now: run what is pending, or wait for what is scheduled, or idle.
+    fn settle(&mut self, ctx: &mut Context<Self>) {
+        if self.stopping {
+            ctx.stop();
+            return;
+        }
+        if let Some(next) = self.pending.take() {
+            self.start_cycle(next, ctx);
+            return;
+        }
+        let (key, seq, supervisor) = (
+            self.key.clone(),
+            self.last_seq,
+            self.shared.supervisor.clone(),
+        );
+        self.timer = Some(ctx.run_later(self.shared.idle_timeout, move |_, _| {
+            supervisor.do_send(Idle { key, seq })
+        }));
+    }
+
+    /// Runs the last event again after `after` unless an event comes first.
+    fn rerun_after(&mut self, after: Duration, ctx: &mut Context<Self>) {
+        self.scheduled = true;
+        self.timer = Some(ctx.run_later(after, |worker, ctx| {
+            worker.timer = None;
+            worker.scheduled = false;
+            worker.throttled = false;
+            match worker.pending.take().or_else(|| worker.last.clone()) {
+                Some(event) => worker.start_cycle(event, ctx),
+                None => worker.settle(ctx),
+            }
+        }));
+    }
+
+    /// Sleeps `delay`, then touches the object so that its event starts the next cycle.
+    fn touch_after(&mut self, delay: Duration, ctx: &mut Context<Self>) {
+        tracing::debug!(object = %self.key, "Sleeping for {} seconds for the delayed handlers.", delay.as_secs_f64());
+        self.scheduled = true;
+        self.timer = Some(ctx.run_later(delay, |worker, ctx| {
+            worker.timer = None;
+            worker.scheduled = false;
+            let Some(last) = worker.last.clone() else {
+                return worker.settle(ctx);
+            };
+            worker.busy = true;
+            let processor = worker.shared.processor.clone();
+            let address = ctx.address();
+            let span = worker.span(&last.body);
+            let touch = async move {
+                let result = processor.touch(&last.body).await;
+                address.do_send(Touched(result));
+            };
+            worker
+                .shared
+                .tracker
+                .spawn(&worker.shared.runtime, touch.instrument(span));
+        }));
+    }
+
+    fn throttle(&mut self, error: &ProcessingError, ctx: &mut Context<Self>) {
+        let delays = &self.shared.error_delays;
+        let delay = delays
+            .get(self.throttle_step)
+            .or(delays.last())
+            .copied()
+            .unwrap_or(Duration::from_secs(1));
+        self.throttle_step += 1;
+        tracing::error!(object = %self.key, %error, "Throttling for {} seconds due to an unexpected error: {error}", delay.as_secs_f64());
+        self.throttled = true;
+        self.rerun_after(delay, ctx);
+    }
+}
+
+fn lock(memory: &Mutex<ObjectMemory>) -> std::sync::MutexGuard<'_, ObjectMemory> {
+    memory.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Actor for ObjectWorker {
@@ -158,10 +293,20 @@ impl Handler<Deliver> for ObjectWorker {
     type Result = ();
 
     fn handle(&mut self, event: Deliver, ctx: &mut Context<Self>) {
-        if self.busy {
+        if let Some((expected, _)) = &self.expected {
+            if event.body.metadata.resource_version.as_deref() == Some(expected.as_str()) {
+                self.expected = None;
+            }
+        }
+        if self.stopping {
+            return;
+        }
+        if self.busy || self.throttled {
             // Coalesce: the next cycle sees the newest body. A deletion is always the newest event.
+            self.last_seq = self.last_seq.max(event.seq);
             self.pending = Some(event);
         } else {
+            // Ends an idle wait, a retry sleep or a consistency wait at once.
             self.start_cycle(event, ctx);
         }
     }
@@ -170,20 +315,61 @@ impl Handler<Deliver> for ObjectWorker {
 impl Handler<CycleDone> for ObjectWorker {
     type Result = ();
 
-    fn handle(&mut self, _: CycleDone, ctx: &mut Context<Self>) {
+    fn handle(&mut self, CycleDone { result }: CycleDone, ctx: &mut Context<Self>) {
         self.busy = false;
-        if let Some(next) = self.pending.take() {
-            self.start_cycle(next, ctx);
-            return;
+        let cycle = match result {
+            Ok(cycle) => cycle,
+            Err(error) => {
+                if self.stopping {
+                    return ctx.stop();
+                }
+                return self.throttle(&error, ctx);
+            }
+        };
+        self.throttle_step = 0;
+        if cycle.patched {
+            self.expected = cycle
+                .resource_version
+                .map(|rv| (rv, Instant::now() + self.shared.consistency_timeout));
         }
-        let (key, seq, supervisor) = (
-            self.key.clone(),
-            self.last_seq,
-            self.shared.supervisor.clone(),
-        );
-        self.idle = Some(ctx.run_later(self.shared.idle_timeout, move |_, _| {
-            supervisor.do_send(Idle { key, seq })
-        }));
+        if self.stopping || self.pending.is_some() {
+            return self.settle(ctx);
+        }
+        if cycle.awaiting_consistency {
+            let wait = self
+                .expected
+                .as_ref()
+                .map_or(Duration::ZERO, |(_, deadline)| {
+                    deadline.saturating_duration_since(Instant::now())
+                });
+            return self.rerun_after(wait, ctx);
+        }
+        match cycle.delay {
+            Some(delay) => self.touch_after(delay, ctx),
+            None => self.settle(ctx),
+        }
+    }
+}
+
+impl Handler<Touched> for ObjectWorker {
+    type Result = ();
+
+    fn handle(&mut self, Touched(result): Touched, ctx: &mut Context<Self>) {
+        self.busy = false;
+        match result {
+            Ok(version) => {
+                self.throttle_step = 0;
+                self.expected =
+                    version.map(|rv| (rv, Instant::now() + self.shared.consistency_timeout));
+                self.settle(ctx);
+            }
+            Err(error) => {
+                if self.stopping {
+                    return ctx.stop();
+                }
+                self.throttle(&error, ctx);
+            }
+        }
     }
 }
 
@@ -191,37 +377,14 @@ impl Handler<Stop> for ObjectWorker {
     type Result = ();
 
     fn handle(&mut self, _: Stop, ctx: &mut Context<Self>) {
-        if !self.busy && self.pending.is_none() {
+        if self.busy || self.scheduled || self.pending.is_some() {
+            lock(&self.memory).interrupted = true;
+        }
+        self.stopping = true;
+        self.pending = None;
+        self.cancel_timer(ctx);
+        if !self.busy {
             ctx.stop();
         }
     }
-}
-
-/// Runs the `on_event` handlers of one event, in order; failures are logged and never retried.
-async fn run_cycle(handlers: &[EventHandler], ctx: Ctx, limiter: &Semaphore) {
-    for handler in handlers {
-        // The semaphore is never closed, so acquiring only waits.
-        let Ok(_permit) = limiter.acquire().await else {
-            return;
-        };
-        let result = AssertUnwindSafe((handler.func)(ctx.clone()))
-            .catch_unwind()
-            .await;
-        let result =
-            result.unwrap_or_else(|panic| Err(HandlerError::Panicked(panic_message(&panic))));
-        match result {
-            Ok(()) => tracing::debug!(handler = %handler.id, "Handler '{}' succeeded.", handler.id),
-            Err(error) => {
-                tracing::error!(handler = %handler.id, %error, "Handler '{}' failed with an exception. Will ignore. {error}", handler.id)
-            }
-        }
-    }
-}
-
-fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".to_string())
 }

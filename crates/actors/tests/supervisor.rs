@@ -4,12 +4,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::FutureExt;
 use kactor_actors::supervisor::{Count, ResourceSupervisor, Shutdown, SupervisorConfig};
 use kactor_actors::system::ActorSystem;
 use kactor_actors::tracker::Tracker;
 use kactor_emulator::{samples, Emulator};
-use kactor_reactor::handlers::{Ctx, EventHandler};
+use kactor_reactor::handlers::{handler_fn, Ctx, EventHandler, ResourceHandlers};
+use kactor_reactor::posting::EventPoster;
 use kactor_reactor::resources::Selector;
 use kactor_reactor::settings::Settings;
 use kube::api::PostParams;
@@ -40,9 +40,11 @@ async fn idle_workers_stop_but_every_objects_record_stays() {
     let handler = EventHandler {
         id: "count".into(),
         selector: Selector::from(&resource),
-        func: Arc::new(move |_: Ctx| {
+        filters: Default::default(),
+        param: None,
+        func: handler_fn(move |_: Ctx| {
             counter.fetch_add(1, Ordering::Relaxed);
-            async { Ok(()) }.boxed()
+            async { Ok(()) }
         }),
     };
     let mut settings = Settings::default();
@@ -51,7 +53,11 @@ async fn idle_workers_stop_but_every_objects_record_stays() {
         resource: Arc::new(resource),
         namespace: Some("default".into()),
         client: emulator.client(),
-        handlers: vec![handler].into(),
+        handlers: Arc::new(ResourceHandlers {
+            event: vec![handler],
+            changing: vec![],
+        }),
+        poster: EventPoster::disabled(),
         settings: Arc::new(settings),
         runtime: tokio::runtime::Handle::current(),
         limiter: Arc::new(Semaphore::new(8)),

@@ -7,11 +7,25 @@
 //!
 //! Start with [`watching::Watcher`] and [`handlers::Registry`].
 
+pub mod api;
+pub mod causes;
+pub mod diffbase;
+pub mod diffs;
 pub mod discovery;
+pub mod execution;
+pub mod filters;
+pub mod finalizers;
 pub mod handlers;
+pub mod keys;
+pub mod lifecycles;
 pub mod logging;
 pub mod namespaces;
+pub mod patches;
 pub mod pausing;
+pub mod posting;
+pub mod processing;
+pub mod progress;
+pub mod progression;
 pub mod resources;
 pub mod settings;
 pub mod watching;

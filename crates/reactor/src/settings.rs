@@ -17,6 +17,10 @@ pub struct Settings {
     pub execution: Execution,
     /// The process as a whole.
     pub process: Process,
+    /// Where handling state is kept on objects.
+    pub persistence: Persistence,
+    /// Kubernetes Events about objects.
+    pub posting: crate::posting::PostingSettings,
 }
 
 /// `settings.watching`.
@@ -53,6 +57,10 @@ pub struct Queueing {
     pub idle_timeout: Duration,
     /// At exit, how long running handlers may take to finish before they are cancelled (Kopf: 2 s).
     pub exit_timeout: Duration,
+    /// Per-object throttling after an unexpected processing error (an API error that outlived its
+    /// retries, a bug): the pauses before the next attempt, stepping forward on each consecutive error
+    /// and reset by a success (Kopf's `queueing.error_delays`: 1, 1, 2, 3, 5, ... 610 s).
+    pub error_delays: Vec<Duration>,
 }
 
 impl Default for Queueing {
@@ -60,6 +68,10 @@ impl Default for Queueing {
         Queueing {
             idle_timeout: Duration::from_secs(5),
             exit_timeout: Duration::from_secs(2),
+            error_delays: [1, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 610]
+                .into_iter()
+                .map(Duration::from_secs)
+                .collect(),
         }
     }
 }
@@ -89,12 +101,48 @@ pub struct Execution {
     /// At most this many handlers run at once in the whole operator (kactor; Kopf has no limit). It
     /// protects the process and the API server when thousands of objects are listed at startup.
     pub max_concurrent_handlers: usize,
+    /// The retry delay after an arbitrary error of a handler with the `temporary` errors mode, when the
+    /// handler sets no `backoff` of its own (Kopf: 60 s).
+    pub default_backoff: Duration,
+    /// Which of an object's pending handlers run in one processing cycle (Kopf: `asap`).
+    pub lifecycle: crate::lifecycles::Lifecycle,
 }
 
 impl Default for Execution {
     fn default() -> Self {
         Execution {
             max_concurrent_handlers: 256,
+            default_backoff: Duration::from_secs(60),
+            lifecycle: crate::lifecycles::Lifecycle::default(),
+        }
+    }
+}
+
+/// `settings.persistence`: the names under which handling state is kept on objects. The defaults are
+/// Kopf's, so that objects handled by Kopf are picked up where Kopf left them, and the other way round.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Persistence {
+    /// The finalizer that blocks deletion while delete handlers (and daemons) need the object
+    /// (Kopf: `kopf.zalando.org/KopfFinalizerMarker`).
+    pub finalizer: String,
+    /// The prefix of the progress, diff-base and touch annotations (Kopf: `kopf.zalando.org`). A prefix
+    /// that does not start with `kopf.` also marks objects with `<prefix>/kopf-managed: "yes"`.
+    pub prefix: String,
+    /// Also write Kopf's older (V1) annotation keys when they differ from the current ones (Kopf: true),
+    /// so that older Kopf versions keep reading the state.
+    pub v1_keys: bool,
+    /// How long changing handlers wait for the object's version written by our own last patch to come
+    /// back through the watch stream before they run on what they have (Kopf: 5 s; zero: never wait).
+    pub consistency_timeout: Duration,
+}
+
+impl Default for Persistence {
+    fn default() -> Self {
+        Persistence {
+            finalizer: "kopf.zalando.org/KopfFinalizerMarker".to_string(),
+            prefix: "kopf.zalando.org".to_string(),
+            v1_keys: true,
+            consistency_timeout: Duration::from_secs(5),
         }
     }
 }

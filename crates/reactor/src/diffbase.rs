@@ -1,0 +1,417 @@
+//! The essence of an object (the part whose changes matter to handlers) and the diff-base: the
+//! essence last handled, stored in the annotation `kopf.zalando.org/last-handled-configuration`
+//! in the wire format of Kopf's default `AnnotationsDiffBaseStorage`.
+//!
+//! The cause of a change (create, update, resume, no-op) and the diff an update handler gets
+//! are computed from the stored diff-base and the essence of the object as it is now.
+
+use std::collections::BTreeMap;
+
+use kube::api::DynamicObject;
+use serde_json::{Map, Value};
+
+use crate::diffs::{cherrypick, ensure, remove, resolve};
+use crate::keys::{marked_prefixes, KeyForming};
+use crate::progress::{annotation_path, store_marker, write_json, write_json_str};
+
+/// Kubernetes' limit on the total size of an object's annotations (keys and values, in bytes).
+pub const ANNOTATIONS_SIZE_LIMIT: usize = 256 * 1024;
+
+/// The annotation that `kubectl apply` keeps; never part of the essence, as in Kopf.
+const KUBECTL_LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// The diff-base would not fit into the object's annotations.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "the diff-base would make the object's annotations {size} bytes, over Kubernetes' limit of \
+     {ANNOTATIONS_SIZE_LIMIT}; make the object smaller, or exclude the large fields from the \
+     essence"
+)]
+pub struct DiffBaseTooLarge {
+    /// The total size of all annotations (keys and values) with the diff-base stored.
+    pub size: usize,
+}
+
+/// Where the diff-base is stored, as Kopf's default `AnnotationsDiffBaseStorage`: compact JSON
+/// plus a newline under `<prefix>/last-handled-configuration` (and its V1 key if it differs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiffBaseStorage {
+    /// The annotation keys (prefix, V1 keys).
+    pub keys: KeyForming,
+    /// The annotation's name (default `last-handled-configuration`, as in Kopf).
+    pub key: String,
+}
+
+impl Default for DiffBaseStorage {
+    /// As in Kopf: `kopf.zalando.org/last-handled-configuration`, V1 keys on.
+    fn default() -> Self {
+        Self {
+            keys: KeyForming::default(),
+            key: "last-handled-configuration".to_string(),
+        }
+    }
+}
+
+impl DiffBaseStorage {
+    /// The essence of an object, as Kopf computes it for diffing and storing (the diff-base
+    /// storage's `build`, then the default progress storage's `clear`):
+    ///
+    /// * `apiVersion`, `kind`, `status` and all of `metadata` except `labels` and `annotations`
+    ///   are dropped;
+    /// * of the annotations, these are dropped: `kubectl.kubernetes.io/last-applied-configuration`;
+    ///   all under prefixes of Kopf-based operators (a prefix with a `<prefix>/kopf-managed` key,
+    ///   `kopf.zalando.org`, or `*.kopf.zalando.org`); the diff-base keys; and all under our own
+    ///   prefix (as the progress storage does);
+    /// * `extra_fields` (the fields of field handlers, e.g. `status.x`) are copied back from the
+    ///   object;
+    /// * `status.kopf.progress` (the legacy progress) is dropped, and so are `metadata.labels`,
+    ///   `metadata.annotations`, `metadata` and `status` when left empty.
+    ///
+    /// **Assumption:** the progress storage uses the same prefix and the default status field, as
+    /// Kopf's defaults do.
+    pub fn essence(&self, body: &DynamicObject, extra_fields: &[Vec<String>]) -> Value {
+        let body = match serde_json::to_value(body) {
+            Ok(value @ Value::Object(_)) => value,
+            _ => Value::Object(Map::new()),
+        };
+        let mut essence = body.clone();
+        if let Some(object) = essence.as_object_mut() {
+            for key in ["apiVersion", "kind", "metadata", "status"] {
+                object.remove(key);
+            }
+        }
+        cherrypick(
+            &body,
+            &mut essence,
+            &[
+                field(&["metadata", "labels"]),
+                field(&["metadata", "annotations"]),
+            ],
+        );
+
+        if let Some(annotations) = annotations_mut(&mut essence) {
+            let ignored: Vec<String> = marked_prefixes(annotations.keys().map(String::as_str))
+                .into_iter()
+                .map(|prefix| format!("{prefix}/"))
+                .collect();
+            annotations.retain(|key, _| {
+                key != KUBECTL_LAST_APPLIED && !ignored.iter().any(|p| key.starts_with(p.as_str()))
+            });
+        }
+
+        cherrypick(&body, &mut essence, extra_fields);
+        remove_empty_stanzas(&mut essence);
+
+        // What the diff-base storage's `build` adds: its own keys.
+        let own_keys = self.keys.keys(&self.key);
+        if let Some(annotations) = annotations_mut(&mut essence) {
+            annotations.retain(|key, _| !own_keys.contains(key));
+        }
+        remove_empty_stanzas(&mut essence);
+
+        // What the progress storage's `clear` adds: the whole own prefix, the legacy progress.
+        let own_prefix = format!("{}/", self.keys.prefix);
+        if let Some(annotations) = annotations_mut(&mut essence) {
+            annotations.retain(|key, _| !key.starts_with(&own_prefix));
+        }
+        remove_empty_stanzas(&mut essence);
+        remove(&mut essence, &field(&["status", "kopf", "progress"]));
+        remove_empty_stanzas(&mut essence);
+
+        essence
+    }
+
+    /// The diff-base stored on the object (V2 key first, then V1), or `None` if there is none.
+    ///
+    /// A `null` is absent, as in Kopf. Invalid JSON, or JSON that is not an object, is logged as a
+    /// warning and treated as absent (then the object is handled as if new, i.e. created); Kopf
+    /// would fail the processing of the object instead, for good.
+    pub fn fetch(&self, body: &DynamicObject) -> Option<Value> {
+        let annotations = body.metadata.annotations.as_ref()?;
+        for key in self.keys.keys(&self.key) {
+            let Some(text) = annotations.get(&key) else {
+                continue;
+            };
+            let problem = match serde_json::from_str::<Value>(text) {
+                Ok(value @ Value::Object(_)) => return Some(value),
+                Ok(Value::Null) => continue,
+                Ok(_) => "it is not a JSON object".to_string(),
+                Err(error) => format!("it is not valid JSON: {error}"),
+            };
+            tracing::warn!(
+                key = %key,
+                "Ignoring the unreadable diff-base in the annotation {key} ({problem}); it is treated as absent."
+            );
+        }
+        None
+    }
+
+    /// Adds the essence to a JSON merge patch under the diff-base key(s), plus the
+    /// `<prefix>/kopf-managed` marker for a non-Kopf prefix (unless the body or the patch has it).
+    ///
+    /// The value is Kopf's `json.dumps(essence, separators=(',', ':')) + '\n'`: compact, ASCII
+    /// only, Python's floats. Fails, adding nothing, when the annotations (the body's, with the
+    /// patch's and these applied) would exceed Kubernetes' 256 KiB limit.
+    ///
+    /// **Key order.** Kopf writes keys in the order of its essence dict, which follows the
+    /// object's JSON as the API server sent it (sorted, for custom resources) with `metadata`
+    /// moved after the other fields, and then the extra fields in the order of a Python set
+    /// (random per process). kactor writes: the top-level fields sorted, then `metadata`
+    /// (`labels`, `annotations`, then the rest sorted) if it has labels or annotations, then the
+    /// remaining of `apiVersion`, `kind`, `metadata`, `status`; everything below sorted. That is
+    /// byte-identical to Kopf for custom resources with at most one extra field outside `spec`.
+    /// Otherwise only the order differs, and that does not matter: Kopf and kactor compare parsed
+    /// JSON, never the text.
+    pub fn store(
+        &self,
+        body: &DynamicObject,
+        essence: &Value,
+        patch: &mut Value,
+    ) -> Result<(), DiffBaseTooLarge> {
+        let mut encoded = String::new();
+        write_essence(essence, &mut encoded);
+        encoded.push('\n');
+
+        let keys = self.keys.keys(&self.key);
+        let size = annotations_size_after(body, patch, &keys, &encoded, &self.keys);
+        if size > ANNOTATIONS_SIZE_LIMIT {
+            return Err(DiffBaseTooLarge { size });
+        }
+        for key in &keys {
+            ensure(patch, &annotation_path(key), Value::String(encoded.clone()));
+        }
+        store_marker(&self.keys, Some(body), patch);
+        Ok(())
+    }
+}
+
+fn field(parts: &[&str]) -> Vec<String> {
+    parts.iter().map(|part| part.to_string()).collect()
+}
+
+fn annotations_mut(essence: &mut Value) -> Option<&mut Map<String, Value>> {
+    essence
+        .get_mut("metadata")?
+        .get_mut("annotations")?
+        .as_object_mut()
+}
+
+/// Python's truthiness: what Kopf's `if not value` takes as empty.
+fn is_falsy(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty(),
+        Value::Array(items) => items.is_empty(),
+        Value::Object(object) => object.is_empty(),
+    }
+}
+
+/// Kopf's `remove_empty_stanzas`: empty labels, annotations, metadata and status go.
+fn remove_empty_stanzas(essence: &mut Value) {
+    let Some(object) = essence.as_object_mut() else {
+        return;
+    };
+    if let Some(Value::Object(metadata)) = object.get_mut("metadata") {
+        for key in ["annotations", "labels"] {
+            if metadata.get(key).is_some_and(is_falsy) {
+                metadata.remove(key);
+            }
+        }
+    }
+    for key in ["metadata", "status"] {
+        if object.get(key).is_some_and(is_falsy) {
+            object.remove(key);
+        }
+    }
+}
+
+/// The size Kubernetes would count for the annotations once the patch and the diff-base (and
+/// the marker) are applied to the body.
+fn annotations_size_after(
+    body: &DynamicObject,
+    patch: &Value,
+    keys: &[String],
+    encoded: &str,
+    forming: &KeyForming,
+) -> usize {
+    let mut annotations: BTreeMap<&str, &str> = body
+        .metadata
+        .annotations
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let patched = resolve(patch, &field(&["metadata", "annotations"])).and_then(Value::as_object);
+    for (key, value) in patched.into_iter().flatten() {
+        match value.as_str() {
+            Some(value) => annotations.insert(key, value),
+            None => annotations.remove(key.as_str()),
+        };
+    }
+    for key in keys {
+        annotations.insert(key, encoded);
+    }
+    let marker = forming.marker();
+    if let Some(marker) = &marker {
+        annotations.entry(marker).or_insert("yes");
+    }
+    annotations.iter().map(|(k, v)| k.len() + v.len()).sum()
+}
+
+/// Writes the essence in Kopf's key order as far as it is knowable; see [`DiffBaseStorage::store`].
+fn write_essence(essence: &Value, out: &mut String) {
+    let Value::Object(object) = essence else {
+        write_json(essence, out);
+        return;
+    };
+    const LATE: [&str; 4] = ["apiVersion", "kind", "metadata", "status"];
+    let metadata_early = object
+        .get("metadata")
+        .and_then(Value::as_object)
+        .is_some_and(|m| m.contains_key("labels") || m.contains_key("annotations"));
+
+    let mut order: Vec<&str> = object
+        .keys()
+        .map(String::as_str)
+        .filter(|key| !LATE.contains(key))
+        .collect();
+    if metadata_early {
+        order.push("metadata");
+    }
+    order.extend(
+        LATE.iter()
+            .filter(|key| object.contains_key(**key) && !(metadata_early && **key == "metadata")),
+    );
+
+    out.push('{');
+    for (index, key) in order.into_iter().enumerate() {
+        if index > 0 {
+            out.push(',');
+        }
+        write_json_str(key, out);
+        out.push(':');
+        match (key, object.get(key)) {
+            ("metadata", Some(Value::Object(metadata))) => write_metadata(metadata, out),
+            (_, Some(value)) => write_json(value, out),
+            (_, None) => out.push_str("null"),
+        }
+    }
+    out.push('}');
+}
+
+/// `labels` and `annotations` first (Kopf picks them first), then the rest in sorted order.
+fn write_metadata(metadata: &Map<String, Value>, out: &mut String) {
+    const EARLY: [&str; 2] = ["labels", "annotations"];
+    let order = EARLY
+        .iter()
+        .copied()
+        .filter(|key| metadata.contains_key(*key))
+        .chain(
+            metadata
+                .keys()
+                .map(String::as_str)
+                .filter(|key| !EARLY.contains(key)),
+        );
+    out.push('{');
+    for (index, key) in order.enumerate() {
+        if index > 0 {
+            out.push(',');
+        }
+        write_json_str(key, out);
+        out.push(':');
+        match metadata.get(key) {
+            Some(value) => write_json(value, out),
+            None => out.push_str("null"),
+        }
+    }
+    out.push('}');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn object(value: Value) -> DynamicObject {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn essence_keeps_spec_labels_and_foreign_annotations() {
+        let body = object(json!({
+            "apiVersion": "v1", "kind": "Thing",
+            "metadata": {"name": "n", "uid": "u", "labels": {"a": "b"},
+                         "annotations": {"example.com/x": "y", "kopf.zalando.org/fn": "{}"}},
+            "spec": {"x": 1}, "status": {"y": 2},
+        }));
+        let essence = DiffBaseStorage::default().essence(&body, &[]);
+        assert_eq!(
+            essence,
+            json!({"spec": {"x": 1},
+                   "metadata": {"labels": {"a": "b"}, "annotations": {"example.com/x": "y"}}})
+        );
+    }
+
+    #[test]
+    fn essence_drops_annotations_of_marked_prefixes() {
+        let body = object(json!({
+            "apiVersion": "v1", "kind": "Thing",
+            "metadata": {"name": "n", "annotations": {
+                "their.example.com/kopf-managed": "yes", "their.example.com/fn": "{}",
+                "x.kopf.zalando.org/fn": "{}", "kubectl.kubernetes.io/last-applied-configuration": "{}"}},
+        }));
+        assert_eq!(DiffBaseStorage::default().essence(&body, &[]), json!({}));
+    }
+
+    #[test]
+    fn essence_restores_extra_fields_without_the_legacy_progress() {
+        let body = object(json!({
+            "apiVersion": "v1", "kind": "Thing", "metadata": {"name": "n"},
+            "status": {"x": 1, "kopf": {"progress": {"fn": {}}}},
+        }));
+        let storage = DiffBaseStorage::default();
+        assert_eq!(
+            storage.essence(&body, &[field(&["status", "x"])]),
+            json!({"status": {"x": 1}})
+        );
+        assert_eq!(
+            storage.essence(&body, &[field(&["status", "kopf"])]),
+            json!({})
+        );
+    }
+
+    #[test]
+    fn store_puts_metadata_after_the_other_fields() {
+        let body = object(json!({"apiVersion": "v1", "kind": "Thing", "metadata": {"name": "n"}}));
+        let essence = json!({"spec": {"b": 1, "a": 2}, "metadata": {"labels": {"x": "y"}}});
+        let mut patch = json!({});
+        DiffBaseStorage::default()
+            .store(&body, &essence, &mut patch)
+            .unwrap();
+        assert_eq!(
+            patch["metadata"]["annotations"]["kopf.zalando.org/last-handled-configuration"],
+            "{\"spec\":{\"a\":2,\"b\":1},\"metadata\":{\"labels\":{\"x\":\"y\"}}}\n"
+        );
+    }
+
+    #[test]
+    fn store_refuses_a_diff_base_over_the_annotations_limit() {
+        let body = object(json!({"apiVersion": "v1", "kind": "Thing", "metadata": {"name": "n"}}));
+        let essence = json!({"spec": {"blob": "x".repeat(ANNOTATIONS_SIZE_LIMIT)}});
+        let mut patch = json!({});
+        let error = DiffBaseStorage::default()
+            .store(&body, &essence, &mut patch)
+            .unwrap_err();
+        assert!(error.size > ANNOTATIONS_SIZE_LIMIT);
+        assert_eq!(patch, json!({}));
+    }
+
+    #[test]
+    fn fetch_ignores_non_objects() {
+        let body = object(json!({"apiVersion": "v1", "kind": "Thing", "metadata": {
+            "name": "n", "annotations": {"kopf.zalando.org/last-handled-configuration": "[1]"}}}));
+        assert_eq!(DiffBaseStorage::default().fetch(&body), None);
+    }
+}

@@ -1,0 +1,380 @@
+//! Execution: one attempt of one handler, and what it came to (`reference/kopf.md` §1.6; Kopf's
+//! `execute_handler_once`).
+//!
+//! **Expected flow**: before the attempt, an exceeded `timeout` or `retries` fails the handler for
+//! good without calling it; the handler runs (a panic is its error; an attempt still running when the
+//! `timeout` is up is cancelled); then its result or error becomes an [`Outcome`]:
+//! * `Ok(value)`: succeeded, the value is its result;
+//! * [`HandlerError::Temporary`]: retried after its delay, unless the next attempt would exceed the
+//!   timeout or the retries (a look-ahead), which makes it final;
+//! * [`HandlerError::Permanent`]: failed for good (until the next change);
+//! * any other error or a panic, per the handler's [`ErrorsMode`]: retried after the backoff (with the
+//!   same look-ahead), failed for good, or ignored (done, no result).
+//!
+//! Log lines use Kopf's wording (`Handler 'create_fn' succeeded.`); changing handlers also post them
+//! as Kubernetes Events about the object.
+
+use std::panic::AssertUnwindSafe;
+use std::time::Duration;
+
+use futures::FutureExt;
+
+use crate::handlers::{Ctx, ErrorsMode, HandlerError, HandlerFn};
+use crate::progression::Outcome;
+
+/// What to run, and how to treat what comes out.
+pub struct Invocation<'a> {
+    /// The handler's id.
+    pub id: &'a str,
+    /// The function.
+    pub func: &'a HandlerFn,
+    /// How arbitrary errors are treated.
+    pub errors: ErrorsMode,
+    /// The delay before retrying after an arbitrary error.
+    pub backoff: Duration,
+    /// Give up once this long has passed since the first attempt.
+    pub timeout: Option<Duration>,
+    /// Give up after this many attempts in all.
+    pub retries: Option<u32>,
+    /// Post the outcome as a Kubernetes Event (changing handlers; never `on_event`).
+    pub post_events: bool,
+}
+
+/// How an attempt ended, for metrics and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// It succeeded.
+    Success,
+    /// It failed and will be retried.
+    Temporary,
+    /// It failed for good.
+    Permanent,
+    /// It failed and the failure is ignored.
+    Ignored,
+    /// It ran out of time or attempts.
+    Timeout,
+}
+
+/// Runs one attempt: `attempts` came before it, `runtime` passed since the first one.
+pub async fn execute_once(
+    handler: &Invocation<'_>,
+    ctx: Ctx,
+    attempts: u32,
+    runtime: Duration,
+) -> (Outcome, Verdict) {
+    let title = format!("Handler '{}'", handler.id);
+    let post = |ctx: &Ctx, error: bool, message: &str| {
+        if handler.post_events {
+            if error {
+                ctx.exception("Logging", message);
+            } else {
+                ctx.info("Logging", message);
+            }
+        }
+    };
+    if let Some(timeout) = handler.timeout {
+        if runtime >= timeout {
+            let message = format!("{title} has timed out after {}.", seconds(runtime));
+            tracing::error!(handler = handler.id, "{message}");
+            post(&ctx, true, &message);
+            return (failed_for_good(message), Verdict::Timeout);
+        }
+    }
+    if let Some(retries) = handler.retries {
+        if attempts >= retries {
+            let message = format!("{title} has exceeded {attempts} retries.");
+            tracing::error!(handler = handler.id, "{message}");
+            post(&ctx, true, &message);
+            return (failed_for_good(message), Verdict::Timeout);
+        }
+    }
+
+    tracing::debug!(handler = handler.id, "{title} is invoked.");
+    let call = AssertUnwindSafe((handler.func)(ctx.clone())).catch_unwind();
+    let result = match handler.timeout {
+        Some(timeout) => match tokio::time::timeout(timeout - runtime, call).await {
+            Ok(result) => result,
+            Err(_) => {
+                let message = format!(
+                    "{title} has timed out after {} (cancelled while running).",
+                    seconds(timeout)
+                );
+                tracing::error!(handler = handler.id, "{message}");
+                post(&ctx, true, &message);
+                return (failed_for_good(message), Verdict::Timeout);
+            }
+        },
+        None => call.await,
+    };
+    let result = result.unwrap_or_else(|panic| Err(HandlerError::Panicked(panic_message(&panic))));
+
+    // Would the next attempt, after `delay`, be one too many?
+    let lookahead = |delay: Duration| -> Option<String> {
+        if handler
+            .timeout
+            .is_some_and(|timeout| runtime + delay >= timeout)
+        {
+            Some(format!(
+                "will time out after {} seconds",
+                seconds(handler.timeout.unwrap_or_default())
+            ))
+        } else if handler.retries.is_some_and(|r| attempts + 1 >= r) {
+            Some(format!(
+                "will exceed {} retries",
+                handler.retries.unwrap_or_default()
+            ))
+        } else {
+            None
+        }
+    };
+
+    match result {
+        Ok(value) => {
+            let message = format!("{title} succeeded.");
+            tracing::info!(handler = handler.id, "{message}");
+            post(&ctx, false, &message);
+            let outcome = Outcome {
+                final_: true,
+                result: (!value.is_null()).then_some(value),
+                ..Outcome::default()
+            };
+            (outcome, Verdict::Success)
+        }
+        Err(HandlerError::Temporary { message, delay }) => {
+            if let Some(limit) = lookahead(delay) {
+                let text = format!("{title} failed temporarily but {limit}: {message}");
+                tracing::error!(handler = handler.id, "{text}");
+                post(&ctx, true, &text);
+                return (failed_for_good(text), Verdict::Timeout);
+            }
+            let text = format!("{title} failed temporarily: {message}");
+            tracing::error!(handler = handler.id, "{text}");
+            post(&ctx, true, &text);
+            let outcome = Outcome {
+                final_: false,
+                error: Some(message),
+                delay: Some(delay),
+                result: None,
+            };
+            (outcome, Verdict::Temporary)
+        }
+        Err(HandlerError::Permanent(message)) => {
+            let text = format!("{title} failed permanently: {message}");
+            tracing::error!(handler = handler.id, "{text}");
+            post(&ctx, true, &text);
+            (failed_for_good(message), Verdict::Permanent)
+        }
+        Err(error) => {
+            let message = error.to_string();
+            match handler.errors {
+                ErrorsMode::Ignored => {
+                    let text =
+                        format!("{title} failed with an exception and will ignore it: {message}");
+                    tracing::error!(handler = handler.id, "{text}");
+                    post(&ctx, true, &text);
+                    let outcome = Outcome {
+                        final_: true,
+                        ..Outcome::default()
+                    };
+                    (outcome, Verdict::Ignored)
+                }
+                ErrorsMode::Permanent => {
+                    let text =
+                        format!("{title} failed with an exception and will stop now: {message}");
+                    tracing::error!(handler = handler.id, "{text}");
+                    post(&ctx, true, &text);
+                    (failed_for_good(message), Verdict::Permanent)
+                }
+                ErrorsMode::Temporary => {
+                    if let Some(limit) = lookahead(handler.backoff) {
+                        let text = format!(
+                            "{title} failed with an exception and will stop now (it {limit} on the next attempt): {message}"
+                        );
+                        tracing::error!(handler = handler.id, "{text}");
+                        post(&ctx, true, &text);
+                        return (failed_for_good(text), Verdict::Timeout);
+                    }
+                    let text = format!(
+                        "{title} failed with an exception and will try again in {} seconds: {message}",
+                        seconds(handler.backoff)
+                    );
+                    tracing::error!(handler = handler.id, "{text}");
+                    post(&ctx, true, &text);
+                    let outcome = Outcome {
+                        final_: false,
+                        error: Some(message),
+                        delay: Some(handler.backoff),
+                        result: None,
+                    };
+                    (outcome, Verdict::Temporary)
+                }
+            }
+        }
+    }
+}
+
+fn failed_for_good(message: String) -> Outcome {
+    Outcome {
+        final_: true,
+        error: Some(message),
+        delay: None,
+        result: None,
+    }
+}
+
+/// Seconds as Kopf prints them (`60`, `1.5`).
+fn seconds(duration: Duration) -> String {
+    let secs = duration.as_secs_f64();
+    if secs.fract() == 0.0 {
+        format!("{secs:.0}")
+    } else {
+        format!("{secs}")
+    }
+}
+
+/// The message of a caught panic.
+pub fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handlers::{handler_fn, Memo};
+    use crate::resources::Resource;
+    use crate::watching::EventType;
+    use serde_json::json;
+    use std::sync::Arc;
+
+    fn ctx() -> Ctx {
+        // A client that is never used: the handlers below do not call the API.
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        Ctx::new(
+            EventType::Added,
+            Arc::new(serde_json::from_value(json!({"metadata": {"name": "a"}})).unwrap()),
+            Memo::default(),
+            Arc::new(Resource {
+                group: "example.com".into(),
+                version: "v1".into(),
+                plural: "widgets".into(),
+                kind: "Widget".into(),
+                singular: "widget".into(),
+                short_names: vec![],
+                categories: vec![],
+                namespaced: true,
+                preferred: true,
+                verbs: vec![],
+                subresources: vec![],
+            }),
+            Arc::new(client),
+            std::time::Instant::now(),
+        )
+    }
+
+    fn invocation(func: &HandlerFn) -> Invocation<'_> {
+        Invocation {
+            id: "fn",
+            func,
+            errors: ErrorsMode::Temporary,
+            backoff: Duration::from_secs(60),
+            timeout: None,
+            retries: None,
+            post_events: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_returned_value_is_the_result_and_null_is_none() {
+        let func = handler_fn(|_| async { Ok(json!({"x": 1})) });
+        let (outcome, verdict) = execute_once(&invocation(&func), ctx(), 0, Duration::ZERO).await;
+        assert_eq!(verdict, Verdict::Success);
+        assert_eq!(outcome.result, Some(json!({"x": 1})));
+        let func = handler_fn(|_| async { Ok(()) });
+        let (outcome, _) = execute_once(&invocation(&func), ctx(), 0, Duration::ZERO).await;
+        assert!(outcome.final_ && outcome.result.is_none() && outcome.error.is_none());
+    }
+
+    #[tokio::test]
+    async fn an_arbitrary_error_is_retried_after_the_backoff() {
+        let func = handler_fn(|_| async { Err::<(), _>(HandlerError::msg("boom")) });
+        let (outcome, verdict) = execute_once(&invocation(&func), ctx(), 0, Duration::ZERO).await;
+        assert_eq!(verdict, Verdict::Temporary);
+        assert_eq!(outcome.delay, Some(Duration::from_secs(60)));
+        assert!(!outcome.final_);
+    }
+
+    #[tokio::test]
+    async fn a_panic_is_an_error_of_the_handler() {
+        let func = handler_fn(|_| async {
+            if true {
+                panic!("kaboom");
+            }
+            Ok(())
+        });
+        let mut inv = invocation(&func);
+        inv.errors = ErrorsMode::Permanent;
+        let (outcome, verdict) = execute_once(&inv, ctx(), 0, Duration::ZERO).await;
+        assert_eq!(verdict, Verdict::Permanent);
+        assert!(outcome.error.unwrap().contains("kaboom"));
+    }
+
+    #[tokio::test]
+    async fn ignored_errors_finish_with_no_result() {
+        let func = handler_fn(|_| async { Err::<(), _>(HandlerError::msg("boom")) });
+        let mut inv = invocation(&func);
+        inv.errors = ErrorsMode::Ignored;
+        let (outcome, verdict) = execute_once(&inv, ctx(), 0, Duration::ZERO).await;
+        assert_eq!(verdict, Verdict::Ignored);
+        assert!(outcome.final_ && outcome.error.is_none());
+    }
+
+    #[tokio::test]
+    async fn the_lookahead_makes_the_last_allowed_retry_final() {
+        let func = handler_fn(|_| async {
+            Err::<(), _>(HandlerError::temporary("later", Duration::from_secs(5)))
+        });
+        let mut inv = invocation(&func);
+        inv.retries = Some(2);
+        let (outcome, verdict) = execute_once(&inv, ctx(), 0, Duration::ZERO).await;
+        assert_eq!(verdict, Verdict::Temporary);
+        assert_eq!(outcome.delay, Some(Duration::from_secs(5)));
+        let (outcome, verdict) = execute_once(&inv, ctx(), 1, Duration::ZERO).await;
+        assert_eq!(verdict, Verdict::Timeout);
+        assert!(outcome.final_);
+        assert!(outcome.error.unwrap().contains("will exceed 2 retries"));
+    }
+
+    #[tokio::test]
+    async fn exceeded_retries_fail_without_calling_the_handler() {
+        let func = handler_fn(|_| async {
+            if true {
+                panic!("must not be called");
+            }
+            Ok(())
+        });
+        let mut inv = invocation(&func);
+        inv.retries = Some(1);
+        let (outcome, verdict) = execute_once(&inv, ctx(), 1, Duration::ZERO).await;
+        assert_eq!(verdict, Verdict::Timeout);
+        assert!(outcome.error.unwrap().contains("has exceeded 1 retries"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_running_past_the_timeout_is_cancelled() {
+        let func = handler_fn(|_| async {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok(())
+        });
+        let mut inv = invocation(&func);
+        inv.timeout = Some(Duration::from_secs(10));
+        let (outcome, verdict) = execute_once(&inv, ctx(), 0, Duration::from_secs(4)).await;
+        assert_eq!(verdict, Verdict::Timeout);
+        assert!(outcome.final_);
+        assert!(outcome.error.unwrap().contains("timed out"));
+    }
+}

@@ -1,0 +1,494 @@
+//! Patches: what a processing cycle changes on its object, accumulated, then sent together
+//! (`reference/kopf.md` §1.4).
+//!
+//! **Expected flow**: handlers and the framework add to one [`Patch`] during a cycle: merge-patch
+//! changes (results, progress, the diff-base, the user's `ctx.patch()` changes) and transformations
+//! (functions over the body, such as adding the finalizer). At the end of the cycle [`apply`] sends
+//! at most four requests, in Kopf's order: a merge patch of the body, a merge patch of `/status` (when
+//! the resource has the status subresource), then the transformations as JSON patches of the body and
+//! of `/status`, computed on the freshest body and guarded by a `resourceVersion` test.
+//!
+//! **Guarantees**
+//! * A conflicting transformation (the object changed meanwhile) is kept and retried in the next cycle,
+//!   on the next body; it never overwrites a concurrent change.
+//! * A 404 means the object is gone: nothing is left to apply, and that is not an error.
+//! * Fields the server dropped from a merge patch (a status without
+//!   `x-kubernetes-preserve-unknown-fields` prunes unknown results) are reported as a warning.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube::api::{Api, DynamicObject, Patch as KubePatch, PatchParams};
+use serde_json::{Map, Value};
+
+use crate::resources::Resource;
+
+/// A transformation of the body, turned into JSON-patch operations when applied.
+pub type PatchFn = Arc<dyn Fn(&mut Value) + Send + Sync>;
+
+/// The changes of one cycle. Cheap to clone; clones share the changes.
+#[derive(Clone, Default)]
+pub struct Patch(Arc<Mutex<Changes>>);
+
+/// What a [`Patch`] holds.
+#[derive(Clone, Default)]
+pub struct Changes {
+    /// The merge patch (`null` removes a key).
+    pub merge: Map<String, Value>,
+    /// The transformations, in order.
+    pub fns: Vec<PatchFn>,
+}
+
+impl Changes {
+    /// Whether there is nothing to send.
+    pub fn is_empty(&self) -> bool {
+        self.merge.is_empty() && self.fns.is_empty()
+    }
+}
+
+impl fmt::Debug for Changes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Changes")
+            .field("merge", &self.merge)
+            .field("fns", &self.fns.len())
+            .finish()
+    }
+}
+
+impl fmt::Debug for Patch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.lock().fmt(f)
+    }
+}
+
+impl Patch {
+    /// An empty patch.
+    pub fn new() -> Self {
+        Patch::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Changes> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Merges a merge patch into this one: objects are merged key by key, anything else replaces
+    /// (lists replace whole, `null` removes the key on the server).
+    ///
+    /// ```
+    /// # use kactor_reactor::patches::Patch;
+    /// # use serde_json::json;
+    /// let patch = Patch::new();
+    /// patch.merge(json!({"status": {"phase": "Ready"}, "metadata": {"labels": {"old": null}}}));
+    /// patch.merge(json!({"status": {"nodes": ["a"]}}));
+    /// assert_eq!(patch.to_value(), json!({
+    ///     "status": {"phase": "Ready", "nodes": ["a"]}, "metadata": {"labels": {"old": null}}
+    /// }));
+    /// ```
+    pub fn merge(&self, value: Value) {
+        if let Value::Object(map) = value {
+            merge_into(&mut self.lock().merge, map);
+        }
+    }
+
+    /// Sets one field, creating the objects on the way (`&["spec", "size"]`).
+    pub fn set(&self, path: &[&str], value: Value) {
+        let mut changes = self.lock();
+        let Some((last, parents)) = path.split_last() else {
+            return;
+        };
+        let mut map = &mut changes.merge;
+        for key in parents {
+            let entry = map
+                .entry(key.to_string())
+                .or_insert_with(|| Value::Object(Map::new()));
+            if !entry.is_object() {
+                *entry = Value::Object(Map::new());
+            }
+            map = match entry {
+                Value::Object(inner) => inner,
+                // Made an object just above.
+                _ => return,
+            };
+        }
+        map.insert(last.to_string(), value);
+    }
+
+    /// Removes one field on the server (sets it to `null` in the merge patch).
+    pub fn remove(&self, path: &[&str]) {
+        self.set(path, Value::Null);
+    }
+
+    /// Sets `status.<key>`.
+    pub fn status(&self, key: &str, value: Value) {
+        self.set(&["status", key], value);
+    }
+
+    /// Sets a label, or removes it with None.
+    pub fn label(&self, key: &str, value: Option<&str>) {
+        self.set(
+            &["metadata", "labels", key],
+            value.map_or(Value::Null, Value::from),
+        );
+    }
+
+    /// Sets an annotation, or removes it with None.
+    pub fn annotation(&self, key: &str, value: Option<&str>) {
+        self.set(
+            &["metadata", "annotations", key],
+            value.map_or(Value::Null, Value::from),
+        );
+    }
+
+    /// Adds a transformation of the whole body (as JSON), sent as a JSON patch computed on the
+    /// freshest body, guarded by its `resourceVersion`.
+    pub fn transform(&self, f: impl Fn(&mut Value) + Send + Sync + 'static) {
+        self.lock().fns.push(Arc::new(f));
+    }
+
+    /// Adds transformations kept from an earlier cycle.
+    pub fn extend_fns(&self, fns: impl IntoIterator<Item = PatchFn>) {
+        self.lock().fns.extend(fns);
+    }
+
+    /// Whether there is nothing to send.
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
+    /// The merge patch so far.
+    pub fn to_value(&self) -> Value {
+        Value::Object(self.lock().merge.clone())
+    }
+
+    /// Whether the merge patch sets this path (to anything, null included).
+    pub fn contains(&self, path: &[&str]) -> bool {
+        let changes = self.lock();
+        let mut map = &changes.merge;
+        for (index, key) in path.iter().enumerate() {
+            match map.get(*key) {
+                Some(Value::Object(inner)) if index + 1 < path.len() => map = inner,
+                Some(_) => return index + 1 == path.len(),
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// Takes the changes out, leaving the patch empty.
+    pub fn take(&self) -> Changes {
+        std::mem::take(&mut *self.lock())
+    }
+}
+
+fn merge_into(target: &mut Map<String, Value>, source: Map<String, Value>) {
+    for (key, value) in source {
+        match (target.get_mut(&key), value) {
+            (Some(Value::Object(existing)), Value::Object(incoming)) => {
+                merge_into(existing, incoming)
+            }
+            (_, value) => {
+                target.insert(key, value);
+            }
+        }
+    }
+}
+
+/// What applying a cycle's changes did.
+#[derive(Default)]
+pub struct Applied {
+    /// The object's resourceVersion after our last successful request (the version the worker waits
+    /// to see again before running changing handlers); None when nothing was sent.
+    pub resource_version: Option<String>,
+    /// The object after our last request.
+    pub body: Option<DynamicObject>,
+    /// Transformations that met a conflict, to retry next cycle.
+    pub remaining: Vec<PatchFn>,
+    /// The object was gone (404).
+    pub gone: bool,
+    /// Deletion is requested and no finalizer is left: the object is about to vanish, so its next
+    /// version will never arrive.
+    pub released: bool,
+}
+
+/// Why applying failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The API refused or failed the request, after retries.
+    #[error("patching {what} failed: {source}")]
+    Api {
+        /// Which request.
+        what: &'static str,
+        /// The error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// Sends a cycle's changes to the object `body` (see the module's documentation).
+pub async fn apply(
+    client: &kube::Client,
+    resource: &Resource,
+    body: &DynamicObject,
+    changes: Changes,
+    backoffs: &[Duration],
+) -> Result<Applied, ApplyError> {
+    let mut applied = Applied::default();
+    if changes.is_empty() {
+        return Ok(applied);
+    }
+    let api: Api<DynamicObject> = match (&body.metadata.namespace, resource.namespaced) {
+        (Some(namespace), true) => {
+            Api::namespaced_with(client.clone(), namespace, &resource.api_resource())
+        }
+        _ => Api::all_with(client.clone(), &resource.api_resource()),
+    };
+    let name = body.metadata.name.clone().unwrap_or_default();
+    let has_status = resource.subresources.iter().any(|s| s == "status");
+
+    let mut merge = changes.merge;
+    let status = if has_status {
+        merge.remove("status")
+    } else {
+        None
+    };
+    let mut requests: Vec<(&'static str, bool, Value)> = Vec::new();
+    if !merge.is_empty() {
+        requests.push(("the object", false, Value::Object(merge)));
+    }
+    if let Some(status) = status {
+        requests.push(("the status", true, serde_json::json!({ "status": status })));
+    }
+    for (what, to_status, patch) in requests {
+        let response = crate::api::retrying(backoffs, what, || {
+            let (api, name, patch) = (&api, &name, &patch);
+            async move {
+                let params = PatchParams::default();
+                if to_status {
+                    api.patch_status(name, &params, &KubePatch::Merge(patch))
+                        .await
+                } else {
+                    api.patch(name, &params, &KubePatch::Merge(patch)).await
+                }
+            }
+        })
+        .await;
+        match response {
+            Ok(object) => {
+                warn_inconsistencies(&patch, &object);
+                applied.resource_version = object.metadata.resource_version.clone();
+                applied.body = Some(object);
+            }
+            Err(error) if is_not_found(&error) => {
+                applied.gone = true;
+                return Ok(applied);
+            }
+            Err(source) => return Err(ApplyError::Api { what, source }),
+        }
+    }
+
+    if !changes.fns.is_empty() {
+        let fresh = applied.body.as_ref().unwrap_or(body);
+        match transform(&api, &name, fresh, &changes.fns, has_status, backoffs).await {
+            Ok(Some(object)) => {
+                applied.resource_version = object.metadata.resource_version.clone();
+                applied.body = Some(object);
+            }
+            Ok(None) => {}
+            Err(error) if is_not_found(&error) => {
+                applied.gone = true;
+                return Ok(applied);
+            }
+            Err(error) if is_conflict(&error) => {
+                tracing::debug!(%error, "the object changed meanwhile; the transformations are retried on the next body");
+                applied.remaining = changes.fns;
+            }
+            Err(source) => {
+                return Err(ApplyError::Api {
+                    what: "the object (JSON patch)",
+                    source,
+                })
+            }
+        }
+    }
+
+    if let Some(object) = &applied.body {
+        let finalizers = object
+            .metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| !f.is_empty());
+        applied.released = object.metadata.deletion_timestamp.is_some() && !finalizers;
+    }
+    Ok(applied)
+}
+
+/// Applies the transformations to a JSON copy of `body` and sends the difference as JSON patches
+/// (body, then status), each starting with a test of the resourceVersion. None: nothing changed.
+async fn transform(
+    api: &Api<DynamicObject>,
+    name: &str,
+    body: &DynamicObject,
+    fns: &[PatchFn],
+    has_status: bool,
+    backoffs: &[Duration],
+) -> Result<Option<DynamicObject>, kube::Error> {
+    let before = serde_json::to_value(body).map_err(kube::Error::SerdeError)?;
+    let mut after = before.clone();
+    for f in fns {
+        f(&mut after);
+    }
+    let ops = json_patch::diff(&before, &after).0;
+    let (status_ops, body_ops): (Vec<_>, Vec<_>) = ops
+        .into_iter()
+        .partition(|op| has_status && op_path(op).starts_with("/status"));
+    let mut resource_version = body.metadata.resource_version.clone().unwrap_or_default();
+    let mut last = None;
+    for (to_status, ops) in [(false, body_ops), (true, status_ops)] {
+        if ops.is_empty() {
+            continue;
+        }
+        let mut all = vec![json_patch::PatchOperation::Test(
+            json_patch::TestOperation {
+                path: json_patch::jsonptr::PointerBuf::parse("/metadata/resourceVersion")
+                    .unwrap_or_default(),
+                value: Value::String(resource_version.clone()),
+            },
+        )];
+        all.extend(ops);
+        let patch = KubePatch::Json::<()>(json_patch::Patch(all));
+        let object = crate::api::retrying(backoffs, "the object (JSON patch)", || async {
+            let params = PatchParams::default();
+            if to_status {
+                api.patch_status(name, &params, &patch).await
+            } else {
+                api.patch(name, &params, &patch).await
+            }
+        })
+        .await?;
+        resource_version = object.metadata.resource_version.clone().unwrap_or_default();
+        last = Some(object);
+    }
+    Ok(last)
+}
+
+fn op_path(op: &json_patch::PatchOperation) -> String {
+    use json_patch::PatchOperation as Op;
+    match op {
+        Op::Add(o) => o.path.to_string(),
+        Op::Remove(o) => o.path.to_string(),
+        Op::Replace(o) => o.path.to_string(),
+        Op::Move(o) => o.path.to_string(),
+        Op::Copy(o) => o.path.to_string(),
+        Op::Test(o) => o.path.to_string(),
+    }
+}
+
+/// Whether the API said the object is not there.
+pub fn is_not_found(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == 404)
+}
+
+/// Whether the API refused a request because the object changed (a failed test, a conflict).
+pub fn is_conflict(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == 409 || status.code == 422)
+}
+
+/// Warns about fields of a merge patch that the response does not carry as sent (pruned by a
+/// structural schema, typically a status without `x-kubernetes-preserve-unknown-fields`), as Kopf
+/// does; empty labels, annotations and finalizers are dropped by the API server and not reported.
+fn warn_inconsistencies(patch: &Value, response: &DynamicObject) {
+    let Ok(actual) = serde_json::to_value(response) else {
+        return;
+    };
+    let mut missing = Vec::new();
+    compare(patch, Some(&actual), &mut Vec::new(), &mut missing);
+    if !missing.is_empty() {
+        tracing::warn!(
+            fields = %missing.join(", "),
+            "Merge-patching finished with inconsistencies: the API did not keep {}; is the schema missing them (x-kubernetes-preserve-unknown-fields)?",
+            missing.join(", ")
+        );
+    }
+}
+
+fn compare(
+    expected: &Value,
+    actual: Option<&Value>,
+    path: &mut Vec<String>,
+    out: &mut Vec<String>,
+) {
+    match expected {
+        Value::Object(map) if !map.is_empty() => {
+            for (key, value) in map {
+                path.push(key.clone());
+                compare(value, actual.and_then(|a| a.get(key)), path, out);
+                path.pop();
+            }
+        }
+        Value::Null => {}
+        Value::Object(_) | Value::Array(_)
+            if matches!(
+                path.iter()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>()
+                    .as_slice(),
+                ["metadata", "labels" | "annotations" | "finalizers"]
+            ) => {}
+        value => {
+            if actual != Some(value) {
+                out.push(path.join("."));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn set_creates_the_objects_on_the_way_and_replaces_scalars() {
+        let patch = Patch::new();
+        patch.set(&["status", "x"], json!(1));
+        patch.set(&["status", "x", "y"], json!(2));
+        patch.label("app.kubernetes.io/name", Some("web"));
+        patch.annotation("gone", None);
+        assert_eq!(
+            patch.to_value(),
+            json!({"status": {"x": {"y": 2}}, "metadata": {
+                "labels": {"app.kubernetes.io/name": "web"}, "annotations": {"gone": null}}})
+        );
+        assert!(patch.contains(&["metadata", "annotations", "gone"]));
+        assert!(!patch.contains(&["metadata", "annotations", "other"]));
+    }
+
+    #[test]
+    fn take_empties_the_patch_for_every_clone() {
+        let patch = Patch::new();
+        let clone = patch.clone();
+        clone.transform(|body| body["spec"] = json!({}));
+        clone.status("done", json!(true));
+        let changes = patch.take();
+        assert_eq!(changes.fns.len(), 1);
+        assert!(clone.is_empty());
+    }
+
+    #[test]
+    fn inconsistencies_ignore_emptied_metadata_lists() {
+        let response: DynamicObject = serde_json::from_value(json!({
+            "metadata": {"name": "a"}, "status": {"kept": 1}
+        }))
+        .unwrap();
+        let mut out = Vec::new();
+        let actual = serde_json::to_value(&response).unwrap();
+        compare(
+            &json!({"status": {"kept": 1, "pruned": 2}, "metadata": {"finalizers": [], "labels": {}}}),
+            Some(&actual),
+            &mut Vec::new(),
+            &mut out,
+        );
+        assert_eq!(out, vec!["status.pruned".to_string()]);
+    }
+}

@@ -1,0 +1,636 @@
+//! Processing: one cycle of one object, from an event to one combined patch (`reference/kopf.md` §4,
+//! "Processing one event"; Kopf's `process_resource_event`).
+//!
+//! **Expected flow** of [`Processor::process`]:
+//! 1. the essence of the body and the stored diff-base give the diff and the changing cause;
+//! 2. `on_event` handlers run (errors are logged and ignored, no progress is kept);
+//! 3. the finalizer is added when a handler needs it and removed when none does (a cycle that does
+//!    either runs no changing handlers: the patch's own event starts the next cycle);
+//! 4. the changing handlers run if the object is consistent (our last patch came back), per the
+//!    lifecycle, with their progress read from and written to the object's annotations;
+//! 5. once every handler of the cause is done, progress is purged and the diff-base written; during
+//!    a deletion, the finalizer is released;
+//! 6. everything goes out as one combined patch ([`crate::patches::apply`]); the returned
+//!    [`Cycle`] tells the worker when to come back (a retry delay) and which version to wait for.
+//!
+//! **Guarantees**
+//! * A handler that succeeded is not run again for the same cause, across cycles and restarts: its
+//!   success is stored in the same patch as its result.
+//! * Objects no changing handler could ever match (filters) are left alone: nothing is written
+//!   (Kopf's stealth mode).
+//! * An API failure that outlives its retries is returned as an error; the worker throttles the object
+//!   and tries again, other objects go on.
+//!
+//! **Caveats**: a diff-base larger than Kubernetes' annotation limit cannot be kept in annotations; it
+//! goes to `status.kopf.last-handled-configuration` (Kopf's status storage format) and into the
+//! object's memory, with a Warning event, so the object is still handled once per change.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
+use kube::api::DynamicObject;
+use serde_json::{json, Value};
+use tokio::sync::Semaphore;
+
+use crate::causes::{self, ChangingCause, Reason};
+use crate::diffbase::DiffBaseStorage;
+use crate::diffs::{self, resolve};
+use crate::execution::{execute_once, Invocation, Verdict};
+use crate::finalizers;
+use crate::handlers::{Attempt, ChangingHandler, Ctx, ErrorsMode, Memo, ResourceHandlers};
+use crate::keys::KeyForming;
+use crate::patches::{self, ApplyError, Patch, PatchFn};
+use crate::posting::EventPoster;
+use crate::progress::ProgressStorage;
+use crate::progression::{Outcome, State};
+use crate::resources::Resource;
+use crate::settings::Settings;
+use crate::watching::EventType;
+
+/// The longest a cycle sleeps for a delayed handler before touching the object anyway (Kopf's
+/// `WAITING_KEEPALIVE_INTERVAL`: 10 minutes).
+pub const WAITING_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(600);
+
+/// Where a status-stored diff-base lives (Kopf's `StatusDiffBaseStorage` default field).
+const STATUS_DIFF_BASE: [&str; 2] = ["kopf", "last-handled-configuration"];
+
+/// What one resource's cycles share.
+pub struct Processor {
+    /// The resource.
+    pub resource: Arc<Resource>,
+    /// Its handlers.
+    pub handlers: Arc<ResourceHandlers>,
+    /// The operator's settings.
+    pub settings: Arc<Settings>,
+    /// The API client.
+    pub client: Arc<kube::Client>,
+    /// Where Kubernetes Events go.
+    pub poster: EventPoster,
+    /// The global limit of concurrently running handlers.
+    pub limiter: Arc<Semaphore>,
+    progress: ProgressStorage,
+    diffbase: DiffBaseStorage,
+    extra_fields: Vec<Vec<String>>,
+}
+
+/// What survives between the cycles of one object, in memory (Kopf's `ResourceMemory`).
+#[derive(Default)]
+pub struct ObjectMemory {
+    /// First seen in the initial listing (resume handlers apply).
+    pub noticed_by_listing: bool,
+    /// A cause was fully handled in this process (resume handlers no longer apply).
+    pub fully_handled_once: bool,
+    /// Transformations that met a conflict, retried next cycle.
+    pub remaining: Vec<PatchFn>,
+    /// The diff-base, when it was too large for annotations and the status did not keep it.
+    pub oversized_diff_base: Option<Value>,
+    /// The worker stopped (a pause) with work scheduled for the object (a retry, a touch): the next
+    /// listing dispatches it even if it did not change.
+    pub interrupted: bool,
+}
+
+/// One cycle's input.
+pub struct Event {
+    /// What happened.
+    pub event_type: EventType,
+    /// The object.
+    pub body: Arc<DynamicObject>,
+    /// The object's memo.
+    pub memo: Memo,
+    /// When the event was received.
+    pub received: Instant,
+    /// Our last patch came back (or there was none, or the wait timed out).
+    pub consistent: bool,
+}
+
+/// What a cycle came to.
+#[derive(Debug, Default)]
+pub struct Cycle {
+    /// Come back after this long, and touch the object to do so, unless an event comes first.
+    pub delay: Option<Duration>,
+    /// Changing handlers are waiting for our last patch to come back.
+    pub awaiting_consistency: bool,
+    /// The version our patch produced (None: nothing was patched, or it will never arrive).
+    pub resource_version: Option<String>,
+    /// The object was patched.
+    pub patched: bool,
+    /// The outcomes of the handler attempts, for metrics: (handler id, verdict, duration).
+    pub attempts: Vec<(String, Verdict, Duration)>,
+}
+
+/// Why a cycle failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessingError {
+    /// Sending the patch failed.
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+}
+
+impl Processor {
+    /// A processor for a resource.
+    pub fn new(
+        resource: Arc<Resource>,
+        handlers: Arc<ResourceHandlers>,
+        settings: Arc<Settings>,
+        client: Arc<kube::Client>,
+        poster: EventPoster,
+        limiter: Arc<Semaphore>,
+    ) -> Self {
+        let persistence = &settings.persistence;
+        let keys = KeyForming {
+            prefix: persistence.prefix.clone(),
+            v1: persistence.v1_keys,
+        };
+        let progress = ProgressStorage {
+            keys: keys.clone(),
+            ..ProgressStorage::default()
+        };
+        let diffbase = DiffBaseStorage {
+            keys,
+            ..DiffBaseStorage::default()
+        };
+        let extra_fields = handlers.extra_fields();
+        Processor {
+            resource,
+            handlers,
+            settings,
+            client,
+            poster,
+            limiter,
+            progress,
+            diffbase,
+            extra_fields,
+        }
+    }
+
+    /// Runs one cycle (see the module's documentation).
+    pub async fn process(
+        &self,
+        event: Event,
+        memory: &mut ObjectMemory,
+    ) -> Result<Cycle, ProcessingError> {
+        let now = Timestamp::now();
+        if event.event_type == EventType::Listed {
+            memory.noticed_by_listing = true;
+        }
+        memory.interrupted = false;
+        let body = event.body.clone();
+        let patch = Patch::new();
+        patch.extend_fns(std::mem::take(&mut memory.remaining));
+        let patch_initially_empty = patch.is_empty();
+        let base = Ctx::new(
+            event.event_type,
+            body.clone(),
+            event.memo.clone(),
+            self.resource.clone(),
+            self.client.clone(),
+            event.received,
+        )
+        .with_patch(patch.clone())
+        .with_events(self.poster.clone());
+        let mut cycle = Cycle::default();
+
+        self.run_event_handlers(&base, &mut cycle).await;
+
+        let finalizer = self.settings.persistence.finalizer.as_str();
+        let mut cause = if self.handlers.changing.is_empty() {
+            None
+        } else {
+            Some(self.detect(&event, memory))
+        };
+        let mut cause_ctx = None;
+        if let Some(detected) = cause.take() {
+            let ctx = base.clone().with_cause(Arc::new(detected));
+            let prematched = self
+                .handlers
+                .changing
+                .iter()
+                .any(|h| h.filters.prematch(&ctx));
+            if prematched {
+                cause_ctx = Some(ctx);
+            }
+        }
+
+        let deletion_ongoing = finalizers::is_deletion_ongoing(&body);
+        let deletion_blocked = finalizers::is_deletion_blocked(&body, finalizer);
+        let must_block = cause_ctx.as_ref().is_some_and(|ctx| {
+            self.handlers
+                .changing
+                .iter()
+                .any(|h| h.requires_finalizer && h.filters.prematch(ctx))
+        });
+        if must_block && !deletion_blocked && !deletion_ongoing {
+            tracing::debug!("Adding the finalizer, thus preventing the actual deletion.");
+            let finalizer = finalizer.to_string();
+            patch.transform(move |b| finalizers::block_deletion(b, &finalizer));
+            cause_ctx = None;
+        }
+        if !must_block && deletion_blocked {
+            tracing::debug!("Removing the finalizer, as there are no handlers requiring it.");
+            let finalizer = finalizer.to_string();
+            patch.transform(move |b| finalizers::allow_deletion(b, &finalizer));
+            cause_ctx = None;
+        }
+
+        let mut delays = Vec::new();
+        let mut matched = false;
+        if let Some(ctx) = &cause_ctx {
+            let reason = ctx.reason().unwrap_or(Reason::Noop);
+            let consistent = event.consistent || reason == Reason::Gone;
+            if !(consistent && patch_initially_empty) {
+                cycle.awaiting_consistency = true;
+            } else {
+                matched = true;
+                delays = self.run_changing(ctx, memory, now, &mut cycle).await;
+            }
+        }
+
+        let deleted = event.event_type == EventType::Deleted;
+        if !deleted
+            && deletion_ongoing
+            && deletion_blocked
+            && delays.is_empty()
+            && !cycle.awaiting_consistency
+        {
+            tracing::debug!("Removing the finalizer, thus allowing the actual deletion.");
+            let finalizer = finalizer.to_string();
+            patch.transform(move |b| finalizers::allow_deletion(b, &finalizer));
+        }
+        if deleted {
+            return Ok(cycle);
+        }
+
+        let delay = delays.into_iter().min();
+        let patched = !patch.is_empty();
+        if patched {
+            let mut merge = patch.to_value();
+            self.progress.clear_touch(&body, &mut merge);
+            let mut changes = patch.take();
+            if let Value::Object(map) = merge {
+                changes.merge = map;
+            }
+            let applied = patches::apply(
+                &self.client,
+                &self.resource,
+                &body,
+                changes,
+                &self.settings.networking.error_backoffs,
+            )
+            .await?;
+            memory.remaining = applied.remaining;
+            cycle.patched = !applied.gone;
+            cycle.resource_version = if applied.released || applied.gone {
+                None
+            } else {
+                applied.resource_version
+            };
+            if let Some(delay) = delay {
+                tracing::debug!(
+                    "Sleeping was skipped because of the patch, {} seconds left.",
+                    delay.as_secs_f64()
+                );
+            }
+        } else if let Some(delay) = delay {
+            cycle.delay = Some(delay.min(WAITING_KEEPALIVE_INTERVAL));
+        } else if matched {
+            tracing::debug!("Handling cycle is finished, waiting for new changes.");
+        }
+        Ok(cycle)
+    }
+
+    /// Touches the object (the touch annotation set to now) so that its next event starts a cycle
+    /// after a fully slept delay. Returns the new version.
+    pub async fn touch(&self, body: &DynamicObject) -> Result<Option<String>, ProcessingError> {
+        let mut merge = json!({});
+        self.progress.touch(&mut merge, Timestamp::now());
+        let changes = patches::Changes {
+            merge: merge.as_object().cloned().unwrap_or_default(),
+            fns: Vec::new(),
+        };
+        let applied = patches::apply(
+            &self.client,
+            &self.resource,
+            body,
+            changes,
+            &self.settings.networking.error_backoffs,
+        )
+        .await?;
+        Ok(applied.resource_version)
+    }
+
+    fn detect(&self, event: &Event, memory: &ObjectMemory) -> ChangingCause {
+        let body = &event.body;
+        let old = self
+            .diffbase
+            .fetch(body)
+            .or_else(|| status_diff_base(body))
+            .or_else(|| memory.oversized_diff_base.clone());
+        let new = self.diffbase.essence(body, &self.extra_fields);
+        let diff = diffs::diff(old.as_ref(), Some(&new));
+        causes::detect(
+            event.event_type,
+            body,
+            &self.settings.persistence.finalizer,
+            old,
+            Some(new),
+            diff,
+            memory.noticed_by_listing && !memory.fully_handled_once,
+        )
+    }
+
+    async fn run_event_handlers(&self, base: &Ctx, cycle: &mut Cycle) {
+        for handler in &self.handlers.event {
+            if !handler.filters.matches(base, false) {
+                continue;
+            }
+            let invocation = Invocation {
+                id: &handler.id,
+                func: &handler.func,
+                errors: ErrorsMode::Ignored,
+                backoff: Duration::ZERO,
+                timeout: None,
+                retries: None,
+                post_events: false,
+            };
+            let ctx = base.clone().with_attempt(Attempt {
+                id: handler.id.as_str().into(),
+                param: handler.param.clone(),
+                retry: 0,
+                started: None,
+                runtime: Duration::ZERO,
+                old: None,
+                new: None,
+                diff: None,
+                reduced: false,
+            });
+            let Ok(_permit) = self.limiter.acquire().await else {
+                return;
+            };
+            let started = Instant::now();
+            let (outcome, verdict) = execute_once(&invocation, ctx, 0, Duration::ZERO).await;
+            cycle
+                .attempts
+                .push((handler.id.clone(), verdict, started.elapsed()));
+            deliver_result(base.patch(), &handler.id, &outcome);
+        }
+    }
+
+    /// Kopf's `process_changing_cause`: returns the delays of the handlers still pending.
+    async fn run_changing(
+        &self,
+        ctx: &Ctx,
+        memory: &mut ObjectMemory,
+        now: Timestamp,
+        cycle: &mut Cycle,
+    ) -> Vec<Duration> {
+        let Some(cause) = ctx.cause() else {
+            return Vec::new();
+        };
+        let reason = cause.reason;
+        let body = ctx.body.clone();
+        let patch = ctx.patch();
+        let mut done_or_skipped = false;
+        let mut delays = Vec::new();
+
+        if reason.has_handlers() {
+            let title = reason.title();
+            let owned: Vec<&str> = self
+                .handlers
+                .changing
+                .iter()
+                .map(|h| h.id.as_str())
+                .collect();
+            let cause_handlers: Vec<&ChangingHandler> = self
+                .handlers
+                .changing
+                .iter()
+                .filter(|h| h.matches(ctx))
+                .collect();
+            let cause_ids: Vec<&str> = cause_handlers.iter().map(|h| h.id.as_str()).collect();
+            let mut state = State::from_storage(&body, &self.progress, owned.iter().copied(), now)
+                .with_purpose(reason.as_str(), [])
+                .with_handlers(cause_ids.iter().copied(), now);
+            let extras = state.extras();
+            for (purpose, counts) in &extras {
+                tracing::info!(
+                    "{} is superseded by {}: {} succeeded; {} failed; {} left to the moment.",
+                    capitalize(&Reason::title_of(purpose)),
+                    title,
+                    counts.success,
+                    counts.failure,
+                    counts.running
+                );
+                state = state.with_purpose(reason.as_str(), cause_ids.iter().copied());
+            }
+            let mut merge = json!({});
+            if !extras.is_empty() {
+                state.purge(&body, &self.progress, owned.iter().copied(), &mut merge);
+            }
+            tracing::debug!("{} is in progress.", capitalize(title));
+
+            if cause_handlers.is_empty() {
+                done_or_skipped = true;
+            } else {
+                let awakened: Vec<&ChangingHandler> = cause_handlers
+                    .iter()
+                    .copied()
+                    .filter(|h| state.get(&h.id).is_some_and(|s| s.awakened(now)))
+                    .collect();
+                let retries: Vec<u32> = awakened
+                    .iter()
+                    .map(|h| state.get(&h.id).map_or(0, |s| s.retries))
+                    .collect();
+                let plan = self.settings.execution.lifecycle.plan(&retries);
+                let mut outcomes: Vec<(String, Outcome)> = Vec::new();
+                for index in plan {
+                    let handler = awakened[index];
+                    let Some(handler_state) = state.get(&handler.id) else {
+                        continue;
+                    };
+                    let (attempts, runtime, started) = (
+                        handler_state.retries,
+                        handler_state.runtime(now),
+                        handler_state.started,
+                    );
+                    let attempt = attempt_for(handler, cause, attempts, runtime, started);
+                    let invocation = Invocation {
+                        id: &handler.id,
+                        func: &handler.func,
+                        errors: handler.options.errors.unwrap_or_default(),
+                        backoff: handler
+                            .options
+                            .backoff
+                            .unwrap_or(self.settings.execution.default_backoff),
+                        timeout: handler.options.timeout,
+                        retries: handler.options.retries,
+                        post_events: true,
+                    };
+                    let Ok(_permit) = self.limiter.acquire().await else {
+                        break;
+                    };
+                    let started_at = Instant::now();
+                    let (outcome, verdict) = execute_once(
+                        &invocation,
+                        ctx.clone().with_attempt(attempt),
+                        attempts,
+                        runtime,
+                    )
+                    .await;
+                    cycle
+                        .attempts
+                        .push((handler.id.clone(), verdict, started_at.elapsed()));
+                    outcomes.push((handler.id.clone(), outcome));
+                }
+                let finished_at = Timestamp::now();
+                state = state
+                    .with_outcomes(outcomes.iter().map(|(id, o)| (id.as_str(), o)), finished_at);
+                state.store(&self.progress, &mut merge);
+                for (id, outcome) in &outcomes {
+                    deliver_result(patch, id, outcome);
+                }
+                if state.done() {
+                    let counts = state.counts();
+                    tracing::info!(
+                        "{} is processed: {} succeeded; {} failed.",
+                        capitalize(title),
+                        counts.success,
+                        counts.failure
+                    );
+                    state.purge(&body, &self.progress, owned.iter().copied(), &mut merge);
+                    done_or_skipped = true;
+                } else {
+                    delays = state.delays(finished_at);
+                }
+            }
+            patch.merge(merge);
+        }
+
+        if done_or_skipped {
+            if let Some(new) = cause.new.as_deref() {
+                if cause.old.as_deref() != Some(new) {
+                    self.store_diff_base(ctx, new, memory);
+                }
+            }
+            memory.fully_handled_once = true;
+        }
+        match reason {
+            Reason::Gone => tracing::debug!("Deleted, really deleted, and we are notified."),
+            Reason::Free => {
+                tracing::debug!("Deletion, but we are done with it, and we do not care.")
+            }
+            Reason::Noop => tracing::debug!(
+                "Something has changed, but we are not interested (the essence is the same)."
+            ),
+            _ => {}
+        }
+        delays
+    }
+
+    fn store_diff_base(&self, ctx: &Ctx, essence: &Value, memory: &mut ObjectMemory) {
+        let mut merge = json!({});
+        match self.diffbase.store(&ctx.body, essence, &mut merge) {
+            Ok(()) => {
+                memory.oversized_diff_base = None;
+                if status_diff_base(&ctx.body).is_some() {
+                    ctx.patch().set(
+                        &["status", STATUS_DIFF_BASE[0], STATUS_DIFF_BASE[1]],
+                        Value::Null,
+                    );
+                }
+                ctx.patch().merge(merge);
+            }
+            Err(error) => {
+                let message = format!(
+                    "The last handled configuration cannot be kept in annotations ({error}); it is kept in status.kopf.last-handled-configuration instead."
+                );
+                tracing::error!("{message}");
+                ctx.warn("DiffBaseTooLarge", &message);
+                for key in self.diffbase.keys.keys(&self.diffbase.key) {
+                    if ctx.annotations().contains_key(&key) {
+                        ctx.patch().annotation(&key, None);
+                    }
+                }
+                let text = serde_json::to_string(essence).unwrap_or_default();
+                ctx.patch().set(
+                    &["status", STATUS_DIFF_BASE[0], STATUS_DIFF_BASE[1]],
+                    Value::String(text),
+                );
+                memory.oversized_diff_base = Some(essence.clone());
+            }
+        }
+    }
+}
+
+/// A diff-base kept in the status (Kopf's `StatusDiffBaseStorage` format: a JSON string).
+fn status_diff_base(body: &DynamicObject) -> Option<Value> {
+    let text = body
+        .data
+        .get("status")?
+        .get(STATUS_DIFF_BASE[0])?
+        .get(STATUS_DIFF_BASE[1])?
+        .as_str()?;
+    match serde_json::from_str::<Value>(text) {
+        Ok(value) if value.is_object() => Some(value),
+        _ => {
+            tracing::warn!("status.kopf.last-handled-configuration is not a JSON object; it is treated as absent");
+            None
+        }
+    }
+}
+
+/// A handler's attempt: its kwargs, and for field handlers the values reduced to the field.
+fn attempt_for(
+    handler: &ChangingHandler,
+    cause: &ChangingCause,
+    retry: u32,
+    runtime: Duration,
+    started: Timestamp,
+) -> Attempt {
+    let mut attempt = Attempt {
+        id: handler.id.as_str().into(),
+        param: handler.options.param.clone(),
+        retry,
+        started: Some(started),
+        runtime,
+        old: None,
+        new: None,
+        diff: None,
+        reduced: false,
+    };
+    if let Some(field) = &handler.filters.field {
+        attempt.reduced = true;
+        attempt.old = cause
+            .old
+            .as_deref()
+            .and_then(|v| resolve(v, field))
+            .cloned()
+            .map(Arc::new);
+        attempt.new = cause
+            .new
+            .as_deref()
+            .and_then(|v| resolve(v, field))
+            .cloned()
+            .map(Arc::new);
+        attempt.diff = Some(Arc::new(cause.diff.reduce(field)));
+    }
+    attempt
+}
+
+/// Stores a result in `status.<id>`: an object is merged into what is there, anything else replaces.
+fn deliver_result(patch: &Patch, id: &str, outcome: &Outcome) {
+    if outcome.error.is_some() {
+        return;
+    }
+    if let Some(result) = &outcome.result {
+        patch.merge(json!({ "status": { id: result } }));
+    }
+}
+
+fn capitalize(text: &str) -> String {
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_uppercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}
