@@ -279,3 +279,421 @@ async fn update_field_and_delete_handlers_run_for_their_causes() {
     assert_eq!(calls.count("create_fn", "w1"), 1);
     running.stop().await;
 }
+
+fn progress(object: &DynamicObject, id: &str) -> Option<Value> {
+    annotation(object, &format!("{PREFIX}/{id}")).map(|text| serde_json::from_str(text).unwrap())
+}
+
+fn diff_base(object: &DynamicObject) -> Option<&str> {
+    annotation(object, &format!("{PREFIX}/last-handled-configuration"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_temporary_error_is_retried_after_its_delay_with_progress_on_the_object() {
+    let (emulator, widgets) = emulator_with_widgets().await;
+    let calls = Calls::default();
+    let seen = calls.clone();
+    let running = spawn(operator(&emulator).on_create(
+        "widgets.example.com",
+        "create_fn",
+        move |ctx: Ctx| {
+            let seen = seen.clone();
+            async move {
+                seen.record(&ctx);
+                if ctx.retry() < 2 {
+                    return Err(HandlerError::temporary(
+                        "not ready yet",
+                        Duration::from_millis(300),
+                    ));
+                }
+                Ok(json!(ctx.retry()))
+            }
+        },
+    ));
+    create(&widgets, "w1", 1).await;
+    let object = until(&widgets, "w1", "the first failure recorded", |o| {
+        o.and_then(|o| progress(o, "create_fn"))
+            .is_some_and(|p| p["retries"] == json!(1))
+    })
+    .await
+    .unwrap();
+    let record = progress(&object, "create_fn").unwrap();
+    assert_eq!(record["purpose"], json!("create"));
+    assert_eq!(record["success"], json!(false));
+    assert_eq!(record["failure"], json!(false));
+    assert_eq!(record["message"], json!("not ready yet"));
+    assert!(record["delayed"].as_str().unwrap().ends_with("+00:00"));
+    assert!(diff_base(&object).is_none(), "not done yet");
+
+    let object = until(&widgets, "w1", "the success", |o| {
+        o.is_some_and(|o| diff_base(o).is_some())
+    })
+    .await
+    .unwrap();
+    assert_eq!(status(&object)["create_fn"], json!(2));
+    assert_eq!(progress(&object, "create_fn"), None, "purged when done");
+    let retries: Vec<u32> = calls.all().iter().map(|(_, _, r)| *r).collect();
+    assert_eq!(retries, vec![0, 1, 2]);
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permanent_errors_and_panics_fail_for_good_and_other_objects_go_on() {
+    let (emulator, widgets) = emulator_with_widgets().await;
+    let calls = Calls::default();
+    let seen = calls.clone();
+    let running = spawn(operator(&emulator).on_create(
+        "widgets.example.com",
+        On::id("create_fn").errors(ErrorsMode::Permanent),
+        move |ctx: Ctx| {
+            let seen = seen.clone();
+            async move {
+                seen.record(&ctx);
+                match ctx.name() {
+                    "refused" => Err(HandlerError::permanent("size is not allowed")),
+                    "panics" => panic!("a bug in the handler"),
+                    _ => Ok(json!("fine")),
+                }
+            }
+        },
+    ));
+    for name in ["refused", "panics", "fine"] {
+        create(&widgets, name, 1).await;
+    }
+    for name in ["refused", "panics", "fine"] {
+        // A failed cause is finished: the diff-base is stored, so nothing runs again until a change.
+        until(&widgets, name, "the cause to finish", |o| {
+            o.is_some_and(|o| diff_base(o).is_some())
+        })
+        .await;
+    }
+    let fine = widgets.get("fine").await.unwrap();
+    assert_eq!(status(&fine)["create_fn"], json!("fine"));
+    let refused = widgets.get("refused").await.unwrap();
+    assert!(
+        status(&refused).get("create_fn").is_none(),
+        "no result for a failure"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for name in ["refused", "panics", "fine"] {
+        assert_eq!(
+            calls.count("create_fn", name),
+            1,
+            "{name}: {:?}",
+            calls.all()
+        );
+    }
+    // The outcomes are posted as Kubernetes Events about the objects.
+    let events: Api<DynamicObject> = Api::namespaced_with(
+        emulator.client(),
+        "default",
+        &kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::Event>(&()),
+    );
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let messages: Vec<(String, String)> = events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|e| {
+                (
+                    e.data["involvedObject"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    e.data["message"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect();
+        let has =
+            |name: &str, text: &str| messages.iter().any(|(n, m)| n == name && m.contains(text));
+        if has("fine", "Handler 'create_fn' succeeded.")
+            && has("refused", "failed permanently: size is not allowed")
+            && has("panics", "a bug in the handler")
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "events: {messages:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    running.stop().await;
+}
+
+/// Two create handlers, the second failing once; an operator stopped in between and started again
+/// runs each succeeded handler exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_operator_finishes_the_job_without_rerunning_succeeded_handlers() {
+    let (emulator, widgets) = emulator_with_widgets().await;
+    let calls = Calls::default();
+    let build = |calls: &Calls, fail_second: bool| {
+        let (first, second) = (calls.clone(), calls.clone());
+        operator(&emulator)
+            .on_create("widgets.example.com", "first", move |ctx: Ctx| {
+                let calls = first.clone();
+                async move {
+                    calls.record(&ctx);
+                    Ok(json!("one"))
+                }
+            })
+            .on_create("widgets.example.com", "second", move |ctx: Ctx| {
+                let calls = second.clone();
+                async move {
+                    calls.record(&ctx);
+                    if fail_second {
+                        return Err(HandlerError::temporary("later", Duration::from_secs(1)));
+                    }
+                    Ok(json!("two"))
+                }
+            })
+    };
+    create(&widgets, "w1", 1).await;
+    let running = spawn(build(&calls, true));
+    until(
+        &widgets,
+        "w1",
+        "the first handler done and the second delayed",
+        |o| {
+            o.is_some_and(|o| {
+                progress(o, "first").is_some_and(|p| p["success"] == json!(true))
+                    && progress(o, "second").is_some_and(|p| p["retries"] == json!(1))
+            })
+        },
+    )
+    .await;
+    running.stop().await;
+
+    let running = spawn(build(&calls, false));
+    let object = until(&widgets, "w1", "both done", |o| {
+        o.is_some_and(|o| diff_base(o).is_some())
+    })
+    .await
+    .unwrap();
+    assert_eq!(calls.count("first", "w1"), 1, "{:?}", calls.all());
+    assert_eq!(calls.count("second", "w1"), 2, "{:?}", calls.all());
+    assert_eq!(status(&object)["first"], json!("one"));
+    assert_eq!(status(&object)["second"], json!("two"));
+    assert_eq!(progress(&object, "first"), None);
+    assert_eq!(progress(&object, "second"), None);
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deletion_interrupted_by_a_restart_is_finished_by_the_next_operator() {
+    let (emulator, widgets) = emulator_with_widgets().await;
+    let calls = Calls::default();
+    let build = |calls: &Calls, fail: bool| {
+        let calls = calls.clone();
+        operator(&emulator).on_delete("widgets.example.com", "delete_fn", move |ctx: Ctx| {
+            let calls = calls.clone();
+            async move {
+                calls.record(&ctx);
+                if fail {
+                    return Err(HandlerError::temporary("busy", Duration::from_secs(60)));
+                }
+                Ok(())
+            }
+        })
+    };
+    let running = spawn(build(&calls, true));
+    create(&widgets, "w1", 1).await;
+    until(&widgets, "w1", "the finalizer", |o| {
+        o.is_some_and(has_finalizer)
+    })
+    .await;
+    widgets
+        .delete("w1", &DeleteParams::default())
+        .await
+        .unwrap();
+    until(&widgets, "w1", "the delete handler delayed", |o| {
+        o.and_then(|o| progress(o, "delete_fn"))
+            .is_some_and(|p| p["purpose"] == json!("delete") && p["retries"] == json!(1))
+    })
+    .await;
+    running.stop().await;
+    assert!(
+        widgets.get_opt("w1").await.unwrap().is_some(),
+        "held by the finalizer"
+    );
+
+    // The delay (60 s) is still running: the next operator waits for it... unless it is over. Make
+    // the record due now, as if the time had passed while no operator ran.
+    let key = format!("{PREFIX}/delete_fn");
+    let object = widgets.get("w1").await.unwrap();
+    let mut record = progress(&object, "delete_fn").unwrap();
+    record["delayed"] = json!("2020-01-01T00:00:00.000000+00:00");
+    widgets
+        .patch(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {key: record.to_string()}}})),
+        )
+        .await
+        .unwrap();
+    let running = spawn(build(&calls, false));
+    until(&widgets, "w1", "the object to go", |o| o.is_none()).await;
+    assert_eq!(calls.count("delete_fn", "w1"), 2, "{:?}", calls.all());
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_handlers_run_once_per_process_for_listed_objects_and_create_does_not_rerun() {
+    let (emulator, widgets) = emulator_with_widgets().await;
+    let calls = Calls::default();
+    let build = |calls: &Calls| {
+        let (create_calls, resume_calls) = (calls.clone(), calls.clone());
+        operator(&emulator)
+            .on_create("widgets.example.com", "create_fn", move |ctx: Ctx| {
+                let calls = create_calls.clone();
+                async move {
+                    calls.record(&ctx);
+                    Ok(())
+                }
+            })
+            .on_resume("widgets.example.com", "resume_fn", move |ctx: Ctx| {
+                let calls = resume_calls.clone();
+                async move {
+                    calls.record(&ctx);
+                    assert_eq!(ctx.reason(), Some(Reason::Resume));
+                    Ok(())
+                }
+            })
+    };
+    let running = spawn(build(&calls));
+    create(&widgets, "w1", 1).await;
+    until(&widgets, "w1", "the creation", |o| {
+        o.is_some_and(|o| diff_base(o).is_some())
+    })
+    .await;
+    running.stop().await;
+    assert_eq!(
+        calls.count("resume_fn", "w1"),
+        0,
+        "creation never mixes with resuming"
+    );
+
+    let running = spawn(build(&calls));
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while calls.count("resume_fn", "w1") == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", calls.all());
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    // A later change is an update, not another resume.
+    set_size(&widgets, "w1", 2).await;
+    until(&widgets, "w1", "the update handled", |o| {
+        o.and_then(diff_base)
+            .is_some_and(|b| b.contains("\"size\":2"))
+    })
+    .await;
+    assert_eq!(calls.count("resume_fn", "w1"), 1, "{:?}", calls.all());
+    assert_eq!(calls.count("create_fn", "w1"), 1, "{:?}", calls.all());
+    running.stop().await;
+}
+
+/// Progress written by Kopf (its format, its keys) is picked up where Kopf left it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_left_by_kopf_is_continued_and_garbage_is_treated_as_absent() {
+    let (emulator, widgets) = emulator_with_widgets().await;
+    let mut kopf_halfway = samples::widget("kopf", 1);
+    kopf_halfway["metadata"]["annotations"] = json!({
+        "kopf.zalando.org/create_a": "{\"started\":\"2026-03-01T10:00:00.123456+00:00\",\"stopped\":\"2026-03-01T10:00:00.523456+00:00\",\"purpose\":\"create\",\"retries\":1,\"success\":true,\"failure\":false}",
+    });
+    let mut garbage = samples::widget("garbage", 1);
+    garbage["metadata"]["annotations"] = json!({
+        "kopf.zalando.org/create_a": "{not json",
+        "kopf.zalando.org/create_b": "{\"retries\":\"many\"}",
+        "kopf.zalando.org/last-handled-configuration": "[1, 2",
+    });
+    for body in [kopf_halfway, garbage] {
+        widgets
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(body).unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+    let calls = Calls::default();
+    let (a, b) = (calls.clone(), calls.clone());
+    let running = spawn(
+        operator(&emulator)
+            .on_create("widgets.example.com", "create_a", move |ctx: Ctx| {
+                let calls = a.clone();
+                async move {
+                    calls.record(&ctx);
+                    Ok(())
+                }
+            })
+            .on_create("widgets.example.com", "create_b", move |ctx: Ctx| {
+                let calls = b.clone();
+                async move {
+                    calls.record(&ctx);
+                    Ok(())
+                }
+            }),
+    );
+    for name in ["kopf", "garbage"] {
+        let object = until(&widgets, name, "the creation", |o| {
+            o.and_then(diff_base)
+                .is_some_and(|b| b.starts_with("{\"spec\""))
+        })
+        .await
+        .unwrap();
+        assert_eq!(progress(&object, "create_a"), None, "{name}: purged");
+        assert_eq!(annotation(&object, &format!("{PREFIX}/create_b")), None);
+    }
+    assert_eq!(calls.count("create_a", "kopf"), 0, "Kopf's success stands");
+    assert_eq!(calls.count("create_b", "kopf"), 1);
+    assert_eq!(calls.count("create_a", "garbage"), 1);
+    assert_eq!(calls.count("create_b", "garbage"), 1);
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_diff_base_too_large_for_annotations_is_kept_in_the_status_and_handled_once() {
+    let (emulator, widgets) = emulator_with_widgets().await;
+    let calls = Calls::default();
+    let seen = calls.clone();
+    let running = spawn(operator(&emulator).on_create(
+        "widgets.example.com",
+        "create_fn",
+        move |ctx: Ctx| {
+            let seen = seen.clone();
+            async move {
+                seen.record(&ctx);
+                Ok(())
+            }
+        },
+    ));
+    let mut big = samples::widget("big", 1);
+    big["spec"]["blob"] = json!("x".repeat(300 * 1024));
+    widgets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(big).unwrap(),
+        )
+        .await
+        .unwrap();
+    let object = until(&widgets, "big", "the status diff-base", |o| {
+        o.is_some_and(|o| status(o)["kopf"]["last-handled-configuration"].is_string())
+    })
+    .await
+    .unwrap();
+    assert!(diff_base(&object).is_none());
+    // Later events (a label) change nothing in the essence's handling: no second creation.
+    widgets
+        .patch(
+            "big",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"touched": true}})),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(calls.count("create_fn", "big"), 1, "{:?}", calls.all());
+    running.stop().await;
+}

@@ -280,10 +280,15 @@ impl Processor {
             .await?;
             memory.remaining = applied.remaining;
             cycle.patched = !applied.gone;
-            cycle.resource_version = if applied.released || applied.gone {
-                None
-            } else {
-                applied.resource_version
+            cycle.resource_version = match (applied.gone, applied.released) {
+                (true, _) => None,
+                // The object is about to vanish: its next version never arrives, so changing
+                // handlers wait out the consistency timeout (or the deletion) instead of running
+                // on the stale events of our own intermediate requests (Kopf's trick, same words).
+                (false, true) => applied
+                    .resource_version
+                    .map(|rv| format!("{rv}~which~never~arrives")),
+                (false, false) => applied.resource_version,
             };
             if let Some(delay) = delay {
                 tracing::debug!(
