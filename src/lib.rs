@@ -42,3 +42,8 @@ pub use kactor_reactor::{
 
 /// Peering with other operators (Kopf-compatible) and Lease-based leader election.
 pub use kactor_peering as peering;
+
+/// The README's examples, compiled as doc tests so that they stay true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
