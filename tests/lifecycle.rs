@@ -1,6 +1,8 @@
 //! Changing handlers end to end: real operators against the emulator over real HTTP, checking what
 //! lands on the objects in Kopf's formats.
 
+mod support;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -8,11 +10,7 @@ use kactor::emulator::{samples, Emulator};
 use kactor::prelude::*;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::Value;
-use tokio::sync::oneshot;
-
-const WAIT: Duration = Duration::from_secs(20);
-const PREFIX: &str = "kopf.zalando.org";
-const FINALIZER: &str = "kopf.zalando.org/KopfFinalizerMarker";
+use support::*;
 
 /// Calls of handlers: (handler id, object name, retry).
 #[derive(Clone, Default)]
@@ -40,45 +38,6 @@ impl Calls {
     }
 }
 
-struct Running {
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<kactor::Result<()>>,
-}
-
-impl Running {
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        tokio::time::timeout(WAIT, &mut self.task)
-            .await
-            .expect("the operator stops in time")
-            .expect("the operator task")
-            .expect("the operator ends well");
-    }
-}
-
-fn spawn(operator: Operator) -> Running {
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(operator.run_until(async {
-        let _ = stopped.await;
-    }));
-    Running {
-        stop: Some(stop),
-        task,
-    }
-}
-
-async fn emulator_with_widgets() -> (Emulator, Api<DynamicObject>) {
-    let emulator = Emulator::builder()
-        .bookmark_interval(Duration::from_millis(200))
-        .start()
-        .await
-        .unwrap();
-    let widgets = samples::install_widgets(&emulator.client()).await.unwrap();
-    (emulator, widgets)
-}
-
 async fn create(api: &Api<DynamicObject>, name: &str, size: i64) {
     api.create(
         &PostParams::default(),
@@ -96,61 +55,6 @@ async fn set_size(api: &Api<DynamicObject>, name: &str, size: i64) {
     )
     .await
     .unwrap();
-}
-
-/// A quiet operator for the emulator: short retries, no waiting at exit.
-fn operator(emulator: &Emulator) -> Operator {
-    Operator::new()
-        .client(emulator.client())
-        .standalone()
-        .settings(|s| {
-            s.watching.reconnect_backoff = Duration::from_millis(10);
-            s.networking.error_backoffs = vec![Duration::from_millis(20); 3];
-            s.queueing.exit_timeout = Duration::from_millis(500);
-        })
-}
-
-/// Waits until the object passes `check` (None: the object is gone), or fails showing it.
-async fn until(
-    api: &Api<DynamicObject>,
-    name: &str,
-    what: &str,
-    check: impl Fn(Option<&DynamicObject>) -> bool,
-) -> Option<DynamicObject> {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let object = api.get_opt(name).await.unwrap();
-        if check(object.as_ref()) {
-            return object;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}; the object: {}",
-            serde_json::to_string_pretty(&object).unwrap()
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
-fn annotation<'a>(object: &'a DynamicObject, key: &str) -> Option<&'a str> {
-    object
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(key))
-        .map(String::as_str)
-}
-
-fn status(object: &DynamicObject) -> &Value {
-    object.data.get("status").unwrap_or(&Value::Null)
-}
-
-fn has_finalizer(object: &DynamicObject) -> bool {
-    object
-        .metadata
-        .finalizers
-        .as_ref()
-        .is_some_and(|f| f.iter().any(|f| f == FINALIZER))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -282,10 +186,6 @@ async fn update_field_and_delete_handlers_run_for_their_causes() {
 
 fn progress(object: &DynamicObject, id: &str) -> Option<Value> {
     annotation(object, &format!("{PREFIX}/{id}")).map(|text| serde_json::from_str(text).unwrap())
-}
-
-fn diff_base(object: &DynamicObject) -> Option<&str> {
-    annotation(object, &format!("{PREFIX}/last-handled-configuration"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,126 @@
+//! What the end-to-end tests of handlers share: an emulator with widgets, a quiet operator, running
+//! and stopping it, and waiting for what lands on objects.
+
+// Each test file is its own crate and uses only part of this.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use kactor::emulator::{samples, Emulator};
+use kactor::prelude::*;
+use kube::api::{Api, DynamicObject};
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+/// The longest anything is waited for.
+pub const WAIT: Duration = Duration::from_secs(20);
+/// Kopf's annotation prefix.
+pub const PREFIX: &str = "kopf.zalando.org";
+/// Kopf's finalizer.
+pub const FINALIZER: &str = "kopf.zalando.org/KopfFinalizerMarker";
+
+/// An operator running in a task.
+pub struct Running {
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<kactor::Result<()>>,
+}
+
+impl Running {
+    /// Stops it, and checks that it ends well and in time.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(WAIT, &mut self.task)
+            .await
+            .expect("the operator stops in time")
+            .expect("the operator task")
+            .expect("the operator ends well");
+    }
+}
+
+/// Runs the operator until [`Running::stop`].
+pub fn spawn(operator: Operator) -> Running {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(operator.run_until(async {
+        let _ = stopped.await;
+    }));
+    Running {
+        stop: Some(stop),
+        task,
+    }
+}
+
+/// An emulator with the widgets CRD installed.
+pub async fn emulator_with_widgets() -> (Emulator, Api<DynamicObject>) {
+    let emulator = Emulator::builder()
+        .bookmark_interval(Duration::from_millis(200))
+        .start()
+        .await
+        .unwrap();
+    let widgets = samples::install_widgets(&emulator.client()).await.unwrap();
+    (emulator, widgets)
+}
+
+/// A quiet operator for the emulator: short retries, no waiting at exit.
+pub fn operator(emulator: &Emulator) -> Operator {
+    Operator::new()
+        .client(emulator.client())
+        .standalone()
+        .settings(|s| {
+            s.watching.reconnect_backoff = Duration::from_millis(10);
+            s.networking.error_backoffs = vec![Duration::from_millis(20); 3];
+            s.queueing.exit_timeout = Duration::from_millis(500);
+        })
+}
+
+/// Waits until the object passes `check` (None: the object is gone), or fails showing it.
+pub async fn until(
+    api: &Api<DynamicObject>,
+    name: &str,
+    what: &str,
+    check: impl Fn(Option<&DynamicObject>) -> bool,
+) -> Option<DynamicObject> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let object = api.get_opt(name).await.unwrap();
+        if check(object.as_ref()) {
+            return object;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}; the object: {}",
+            serde_json::to_string_pretty(&object).unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// An annotation's value.
+pub fn annotation<'a>(object: &'a DynamicObject, key: &str) -> Option<&'a str> {
+    object
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+/// The stored diff-base, as text.
+pub fn diff_base(object: &DynamicObject) -> Option<&str> {
+    annotation(object, &format!("{PREFIX}/last-handled-configuration"))
+}
+
+/// The status (null when absent).
+pub fn status(object: &DynamicObject) -> &Value {
+    object.data.get("status").unwrap_or(&Value::Null)
+}
+
+/// Whether our finalizer is on the object.
+pub fn has_finalizer(object: &DynamicObject) -> bool {
+    object
+        .metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|f| f == FINALIZER))
+}
