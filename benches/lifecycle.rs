@@ -1,0 +1,490 @@
+//! One create handler over many objects, against two floors making the same writes, in one run,
+//! against the embedded emulator.
+//!
+//! Run by hand: `cargo bench --bench lifecycle` (10000 objects; `KACTOR_BENCH_OBJECTS=N` to change);
+//! under `cargo test --all-targets` it makes a quick run with 200 instead.
+//!
+//! Every contender gets a fresh emulator holding the same objects, created before it starts, so each
+//! one handles an initial listing. Each object needs two writes: a merge patch of the object with the
+//! diff-base annotation (`kopf.zalando.org/last-handled-configuration`, the essence and a newline) and
+//! a merge patch of `/status` with the handler's result (`status.create_fn`), the two requests kactor
+//! sends for a create handler returning `{"message": "hello"}`. The contenders:
+//! * a bare `kube::Client` loop: one list, then the two patches per object, N at once (several N are
+//!   tried; the fastest is the floor);
+//! * a `kube::runtime::Controller` whose reconcile makes the two patches for objects without the
+//!   annotation (its default concurrency: unbounded);
+//! * kactor with `on_create` (standalone, default settings), and again with event posting off.
+//!
+//! The clock runs from the contender's start until a separate `kube::runtime::watcher`, started and
+//! listed beforehand, has seen every object carry both its result and its diff-base. It prints the
+//! seconds, objects/s and the ratio to the floor; the HTTP requests the emulator served per object by
+//! kind (from its `emulator request` debug log); and the heap grown per object by the end (emulator
+//! growth included, the same for all: the difference between contenders is theirs).
+//!
+//! Aim (issue #5): kactor within 1.3x of the bare loop.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use kactor::emulator::{samples, Emulator};
+use kactor::prelude::*;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::runtime::WatchStreamExt;
+use serde_json::Value;
+use tokio::sync::oneshot;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::Layer;
+
+mod support;
+
+#[global_allocator]
+static ALLOCATOR: support::Counting = support::Counting;
+
+const DIFF_BASE: &str = "kopf.zalando.org/last-handled-configuration";
+const HANDLER: &str = "create_fn";
+/// The bare loop's concurrencies tried; the fastest is the floor. 256 is kactor's
+/// `max_concurrent_handlers`.
+const BARE_CONCURRENCIES: [usize; 3] = [16, 64, 256];
+/// No contender may take longer than this (a hang fails the benchmark instead of blocking CI).
+const DEADLINE: Duration = Duration::from_secs(600);
+
+// ---- Requests served, counted from the emulator's debug log -------------------------------------
+
+/// Kinds of request: object patches, status patches, event posts, other posts, gets (get, list,
+/// watch, discovery), anything else.
+const KINDS: [&str; 6] = ["patch", "status", "event", "post", "get", "other"];
+static REQUESTS: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
+
+/// A tracing layer counting the emulator's `emulator request` events by kind.
+struct RequestCounter;
+
+#[derive(Default)]
+struct Request {
+    method: String,
+    path: String,
+}
+
+impl tracing::field::Visit for Request {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
+        match field.name() {
+            "method" => self.method = format!("{value:?}"),
+            "path" => self.path = format!("{value:?}"),
+            _ => {}
+        }
+    }
+}
+
+impl<S: tracing::Subscriber> Layer<S> for RequestCounter {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut request = Request::default();
+        event.record(&mut request);
+        let kind = match request.method.as_str() {
+            "PATCH" if request.path.ends_with("/status") => 1,
+            "PATCH" => 0,
+            "POST" if request.path.contains("/events") => 2,
+            "POST" => 3,
+            "GET" => 4,
+            _ => 5,
+        };
+        REQUESTS[kind].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn count_requests() {
+    let only_requests = tracing_subscriber::filter::Targets::new()
+        .with_target("kactor_emulator::server", tracing::Level::DEBUG);
+    let _ = tracing_subscriber::registry()
+        .with(RequestCounter.with_filter(only_requests))
+        .try_init();
+}
+
+fn requests_now() -> [u64; 6] {
+    std::array::from_fn(|kind| REQUESTS[kind].load(Ordering::Relaxed))
+}
+
+// ---- The objects and the writes -----------------------------------------------------------------
+
+async fn new_emulator(objects: usize) -> (Emulator, Api<DynamicObject>) {
+    let emulator = Emulator::builder()
+        .history_limit(objects * 8 + 10_000)
+        .start()
+        .await
+        .expect("emulator");
+    let widgets = samples::install_widgets(&emulator.client())
+        .await
+        .expect("CRD");
+    populate(&widgets, objects).await;
+    (emulator, widgets)
+}
+
+async fn populate(api: &Api<DynamicObject>, count: usize) {
+    let tasks: Vec<_> = (0..16)
+        .map(|worker| {
+            let api = api.clone();
+            tokio::spawn(async move {
+                let mut i = worker;
+                while i < count {
+                    let body = samples::widget(&format!("w{i:06}"), i as i64);
+                    api.create(
+                        &PostParams::default(),
+                        &serde_json::from_value(body).expect("a widget"),
+                    )
+                    .await
+                    .expect("create");
+                    i += 16;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("populate");
+    }
+}
+
+fn has_diff_base(object: &DynamicObject) -> bool {
+    object
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(DIFF_BASE))
+}
+
+fn is_done(object: &DynamicObject) -> bool {
+    has_diff_base(object) && !object.data["status"][HANDLER].is_null()
+}
+
+/// The two writes kactor makes for a handled creation, made by hand: the diff-base (the essence,
+/// in Kopf's key order, and a newline) on the object, then the result on `/status`.
+async fn write_result(api: &Api<DynamicObject>, object: &DynamicObject) -> kube::Result<()> {
+    let name = object.metadata.name.as_deref().unwrap_or_default();
+    let labels = serde_json::to_string(&object.metadata.labels).unwrap_or_default();
+    let spec = serde_json::to_string(&object.data["spec"]).unwrap_or_default();
+    let essence = format!("{{\"spec\":{spec},\"metadata\":{{\"labels\":{labels}}}}}\n");
+    let params = PatchParams::default();
+    api.patch(
+        name,
+        &params,
+        &Patch::Merge(json!({"metadata": {"annotations": {DIFF_BASE: essence}}})),
+    )
+    .await?;
+    api.patch_status(
+        name,
+        &params,
+        &Patch::Merge(json!({"status": {HANDLER: {"message": "hello"}}})),
+    )
+    .await?;
+    Ok(())
+}
+
+// ---- Completion: a watcher counting finished objects ---------------------------------------------
+
+/// A watcher started before a contender: `listed` resolves once it has listed the objects, `done`
+/// with the instant it saw the `expected`-th finished object.
+struct Detector {
+    listed: oneshot::Receiver<()>,
+    done: tokio::task::JoinHandle<Instant>,
+    finished: Arc<AtomicUsize>,
+}
+
+fn detect(api: Api<DynamicObject>, expected: usize) -> Detector {
+    let (ready, listed) = oneshot::channel();
+    let finished = Arc::new(AtomicUsize::new(0));
+    let counter = finished.clone();
+    let done = tokio::spawn(async move {
+        let mut ready = Some(ready);
+        let mut names = HashSet::with_capacity(expected);
+        let mut events = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        loop {
+            match events.try_next().await {
+                Ok(Some(watcher::Event::InitDone)) => {
+                    if let Some(ready) = ready.take() {
+                        let _ = ready.send(());
+                    }
+                }
+                Ok(Some(watcher::Event::InitApply(object) | watcher::Event::Apply(object)))
+                    if is_done(&object) =>
+                {
+                    names.insert(object.metadata.name.unwrap_or_default());
+                    counter.store(names.len(), Ordering::Relaxed);
+                    if names.len() >= expected {
+                        return Instant::now();
+                    }
+                }
+                Ok(Some(_)) | Err(_) => {}
+                Ok(None) => panic!("the completion watcher ended"),
+            }
+        }
+    });
+    Detector {
+        listed,
+        done,
+        finished,
+    }
+}
+
+// ---- The contenders ------------------------------------------------------------------------------
+
+#[derive(Clone, Copy)]
+enum Contender {
+    Bare(usize),
+    Controller,
+    Kactor { posting: bool },
+}
+
+impl fmt::Display for Contender {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Contender::Bare(concurrency) => write!(f, "bare loop, {concurrency} at once"),
+            Contender::Controller => write!(f, "kube Controller"),
+            Contender::Kactor { posting: true } => write!(f, "kactor"),
+            Contender::Kactor { posting: false } => write!(f, "kactor, posting off"),
+        }
+    }
+}
+
+/// A running contender, and how to stop it.
+enum Running {
+    Task(tokio::task::JoinHandle<()>),
+    Operator(
+        oneshot::Sender<()>,
+        tokio::task::JoinHandle<kactor::Result<()>>,
+    ),
+}
+
+impl Running {
+    async fn stop(self) {
+        match self {
+            Running::Task(task) => {
+                task.abort();
+                let _ = task.await;
+            }
+            Running::Operator(stop, task) => {
+                let _ = stop.send(());
+                match tokio::time::timeout(Duration::from_secs(60), task).await {
+                    Ok(ended) => ended.expect("the operator task").expect("the operator"),
+                    Err(_) => println!("  (the operator did not stop within 60 s)"),
+                }
+            }
+        }
+    }
+}
+
+fn bare_loop(api: Api<DynamicObject>, concurrency: usize) -> Running {
+    Running::Task(tokio::spawn(async move {
+        let listed = api.list(&ListParams::default()).await.expect("list");
+        futures::stream::iter(listed.items)
+            .map(|object| {
+                let api = api.clone();
+                async move { write_result(&api, &object).await.expect("patch") }
+            })
+            .buffer_unordered(concurrency)
+            .for_each(|()| async {})
+            .await;
+    }))
+}
+
+async fn reconcile(
+    object: Arc<DynamicObject>,
+    api: Arc<Api<DynamicObject>>,
+) -> kube::Result<Action> {
+    if !has_diff_base(&object) {
+        write_result(&api, &object).await?;
+    }
+    Ok(Action::await_change())
+}
+
+fn controller(api: Api<DynamicObject>) -> Running {
+    Running::Task(tokio::spawn(async move {
+        Controller::new_with(
+            api.clone(),
+            watcher::Config::default(),
+            samples::widget_api_resource(),
+        )
+        .run(
+            reconcile,
+            |_, _, _| Action::requeue(Duration::from_millis(100)),
+            Arc::new(api),
+        )
+        .for_each(|_| async {})
+        .await;
+    }))
+}
+
+fn kactor(emulator: &Emulator, posting: bool) -> Running {
+    let operator = Operator::new()
+        .client(emulator.client())
+        .standalone()
+        .settings(|s| s.posting.enabled = posting)
+        .on_create("widgets.example.com", HANDLER, |_ctx: Ctx| async move {
+            Ok::<_, HandlerError>(json!({"message": "hello"}))
+        });
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(operator.run_until(async {
+        let _ = stopped.await;
+    }));
+    Running::Operator(stop, task)
+}
+
+// ---- One measurement -----------------------------------------------------------------------------
+
+struct Figures {
+    contender: Contender,
+    elapsed: Duration,
+    /// Requests served from the start until every object was done, by kind.
+    requests: [u64; 6],
+    /// Requests served after that, until the contender had stopped.
+    requests_after: u64,
+    heap_grown: u64,
+    /// What the first object carries at the end: its annotations and status, to check that every
+    /// contender wrote the same.
+    written: (Value, Value),
+}
+
+async fn measure(contender: Contender, objects: usize) -> Figures {
+    let (emulator, widgets) = new_emulator(objects).await;
+    let detector = detect(widgets.clone(), objects);
+    detector.listed.await.expect("the completion watcher lists");
+    let (requests_before, heap_before) = (requests_now(), support::live_bytes());
+
+    let started = Instant::now();
+    let running = match contender {
+        Contender::Bare(concurrency) => bare_loop(widgets.clone(), concurrency),
+        Contender::Controller => controller(widgets.clone()),
+        Contender::Kactor { posting } => kactor(&emulator, posting),
+    };
+    let done = match tokio::time::timeout(DEADLINE, detector.done).await {
+        Ok(done) => done.expect("the completion watcher"),
+        Err(_) => panic!(
+            "{contender}: only {} of {objects} objects done after {DEADLINE:?}",
+            detector.finished.load(Ordering::Relaxed)
+        ),
+    };
+    let elapsed = done - started;
+    let (requests_done, heap_done) = (requests_now(), support::live_bytes());
+    running.stop().await;
+    let requests_stopped = requests_now();
+    let first = widgets.get("w000000").await.expect("get");
+    let written = (
+        json!(first.metadata.annotations),
+        first.data["status"].clone(),
+    );
+    drop(emulator);
+
+    Figures {
+        contender,
+        elapsed,
+        requests: std::array::from_fn(|k| requests_done[k] - requests_before[k]),
+        requests_after: requests_stopped
+            .iter()
+            .zip(&requests_done)
+            .map(|(stopped, done)| stopped - done)
+            .sum(),
+        heap_grown: heap_done.saturating_sub(heap_before),
+        written,
+    }
+}
+
+fn print_row(figures: &Figures, floor: Duration, objects: usize) {
+    let per_object = |count: u64| count as f64 / objects as f64;
+    let total: u64 = figures.requests.iter().sum();
+    let kinds: Vec<String> = KINDS
+        .iter()
+        .zip(figures.requests)
+        .filter(|(_, count)| *count > 0)
+        .map(|(kind, count)| format!("{kind} {:.2}", per_object(count)))
+        .collect();
+    println!(
+        "{:<24} {:>8.3} {:>10.0} {:>7.2}x {:>10.0}   {:.2} ({}; +{} after done)",
+        figures.contender.to_string(),
+        figures.elapsed.as_secs_f64(),
+        objects as f64 / figures.elapsed.as_secs_f64(),
+        figures.elapsed.as_secs_f64() / floor.as_secs_f64(),
+        figures.heap_grown as f64 / objects as f64,
+        per_object(total),
+        kinds.join(", "),
+        figures.requests_after,
+    );
+}
+
+async fn run_all(objects: usize) -> Vec<Figures> {
+    let mut all = Vec::new();
+    for concurrency in BARE_CONCURRENCIES {
+        all.push(measure(Contender::Bare(concurrency), objects).await);
+    }
+    all.push(measure(Contender::Controller, objects).await);
+    all.push(measure(Contender::Kactor { posting: true }, objects).await);
+    all.push(measure(Contender::Kactor { posting: false }, objects).await);
+    all
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    // `cargo bench` passes --bench; `cargo test --all-targets` does not, and then a small run proves
+    // the benchmark still works without spending the test suite's time.
+    let measuring = std::env::args().any(|a| a == "--bench");
+    let objects: usize = std::env::var("KACTOR_BENCH_OBJECTS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(if measuring { 10_000 } else { 200 });
+    count_requests();
+    println!(
+        "kactor lifecycle benchmark: {objects} objects, one create handler returning a value, {} cores",
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+
+    let all = run_all(objects).await;
+    let (floor_index, floor) = all
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| matches!(f.contender, Contender::Bare(_)))
+        .map(|(i, f)| (i, f.elapsed))
+        .min_by_key(|(_, elapsed)| *elapsed)
+        .expect("a bare loop ran");
+
+    println!();
+    println!(
+        "{:<24} {:>8} {:>10} {:>8} {:>10}   requests per object",
+        "contender", "seconds", "objects/s", "ratio", "heap B/obj"
+    );
+    for figures in &all {
+        print_row(figures, floor, objects);
+    }
+    let kactor = all
+        .iter()
+        .find(|f| matches!(f.contender, Contender::Kactor { posting: true }))
+        .expect("kactor ran");
+    let ratio = kactor.elapsed.as_secs_f64() / floor.as_secs_f64();
+    println!();
+    println!(
+        "floor: the fastest bare loop ({}); the Controller runs at its default concurrency (unbounded)",
+        all[floor_index].contender
+    );
+    for figures in &all[1..] {
+        if figures.written != all[0].written {
+            println!(
+                "NOTE: {} wrote {} beside {} by {}",
+                figures.contender,
+                json!(figures.written),
+                json!(all[0].written),
+                all[0].contender
+            );
+        }
+    }
+    println!(
+        "aim: within 1.3x of the bare loop: {} ({ratio:.2}x)",
+        if ratio <= 1.3 { "met" } else { "NOT met" }
+    );
+}
