@@ -11,17 +11,19 @@
 //! sends for a create handler returning `{"message": "hello"}`. The contenders:
 //! * a bare `kube::Client` loop: one list, then the two patches per object, N at once (several N are
 //!   tried; the fastest is the floor);
-//! * a `kube::runtime::Controller` whose reconcile makes the two patches for objects without the
-//!   annotation (its default concurrency: unbounded);
+//! * a `kube::runtime::Controller` whose reconcile makes whichever of the two patches the object still
+//!   misses, at kube's default concurrency (unbounded) and again at 256 (kactor's handler limit);
 //! * kactor with `on_create` (standalone, default settings), and again with event posting off.
 //!
 //! The clock runs from the contender's start until a separate `kube::runtime::watcher`, started and
 //! listed beforehand, has seen every object carry both its result and its diff-base. It prints the
 //! seconds, objects/s and the ratio to the floor; the HTTP requests the emulator served per object by
 //! kind (from its `emulator request` debug log); and the heap grown per object by the end (emulator
-//! growth included, the same for all: the difference between contenders is theirs).
+//! growth included, the same for all: the difference between contenders is theirs), the CPU seconds
+//! the process used (the emulator's included) and the most files it had open at once (two per
+//! loopback connection).
 //!
-//! Aim (issue #5): kactor within 1.3x of the bare loop.
+//! Aim: kactor within 1.3x of the bare loop.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -111,6 +113,41 @@ fn count_requests() {
 
 fn requests_now() -> [u64; 6] {
     std::array::from_fn(|kind| REQUESTS[kind].load(Ordering::Relaxed))
+}
+
+// ---- Process figures: CPU time and open files ---------------------------------------------------
+
+/// CPU seconds this process has used (user and system; the emulator's included).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command's closing parenthesis; utime and stime are the 12th and 13th.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 = after
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|t| t.parse::<u64>().ok())
+        .sum();
+    ticks as f64 / 100.0
+}
+
+fn open_files() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |dir| dir.count())
+}
+
+/// Samples the number of open files every 10 ms (each loopback connection holds two: the client's
+/// and the emulator's); returns the peak when stopped.
+fn sample_open_files(stop: oneshot::Receiver<()>) -> tokio::task::JoinHandle<usize> {
+    tokio::spawn(async move {
+        let mut peak = open_files();
+        let mut stop = std::pin::pin!(stop);
+        loop {
+            tokio::select! {
+                _ = &mut stop => return peak,
+                _ = tokio::time::sleep(Duration::from_millis(10)) => peak = peak.max(open_files()),
+            }
+        }
+    })
 }
 
 // ---- The objects and the writes -----------------------------------------------------------------
@@ -372,6 +409,10 @@ struct Figures {
     /// Requests served after that, until the contender had stopped.
     requests_after: u64,
     heap_grown: u64,
+    /// CPU seconds used by the process (emulator included) from the start until done.
+    cpu: f64,
+    /// The most files open at once, sampled.
+    peak_files: usize,
     /// Failed reconciles (Controllers only).
     errors: u64,
     /// What the first object carries at the end: its annotations and status, to check that every
@@ -386,6 +427,9 @@ async fn measure(contender: Contender, objects: usize) -> Figures {
     let (requests_before, heap_before) = (requests_now(), support::live_bytes());
 
     RECONCILE_ERRORS.store(0, Ordering::Relaxed);
+    let (stop_sampling, sampling) = oneshot::channel();
+    let sampler = sample_open_files(sampling);
+    let cpu_before = cpu_seconds();
     let started = Instant::now();
     let running = match contender {
         Contender::Bare(concurrency) => bare_loop(widgets.clone(), concurrency),
@@ -402,6 +446,9 @@ async fn measure(contender: Contender, objects: usize) -> Figures {
     let elapsed = done - started;
     println!("  {contender}: {:.3} s", elapsed.as_secs_f64());
     let (requests_done, heap_done) = (requests_now(), support::live_bytes());
+    let cpu = cpu_seconds() - cpu_before;
+    let _ = stop_sampling.send(());
+    let peak_files = sampler.await.expect("the sampler");
     running.stop().await;
     let requests_stopped = requests_now();
     let first = widgets.get("w000000").await.expect("get");
@@ -421,6 +468,8 @@ async fn measure(contender: Contender, objects: usize) -> Figures {
             .map(|(stopped, done)| stopped - done)
             .sum(),
         heap_grown: heap_done.saturating_sub(heap_before),
+        cpu,
+        peak_files,
         errors: RECONCILE_ERRORS.load(Ordering::Relaxed),
         written,
     }
@@ -436,11 +485,13 @@ fn print_row(figures: &Figures, floor: Duration, objects: usize) {
         .map(|(kind, count)| format!("{kind} {:.2}", per_object(count)))
         .collect();
     println!(
-        "{:<28} {:>8.3} {:>10.0} {:>7.2}x {:>10.0}   {:.2} ({}; +{} after done)",
+        "{:<28} {:>8.3} {:>10.0} {:>7.2}x {:>7.2} {:>6} {:>10.0}   {:.2} ({}; +{} after done)",
         figures.contender.to_string(),
         figures.elapsed.as_secs_f64(),
         objects as f64 / figures.elapsed.as_secs_f64(),
         figures.elapsed.as_secs_f64() / floor.as_secs_f64(),
+        figures.cpu,
+        figures.peak_files,
         figures.heap_grown as f64 / objects as f64,
         per_object(total),
         kinds.join(", "),
@@ -489,8 +540,8 @@ async fn main() {
 
     println!();
     println!(
-        "{:<28} {:>8} {:>10} {:>8} {:>10}   requests per object",
-        "contender", "seconds", "objects/s", "ratio", "heap B/obj"
+        "{:<28} {:>8} {:>10} {:>8} {:>7} {:>6} {:>10}   requests per object",
+        "contender", "seconds", "objects/s", "ratio", "cpu s", "files", "heap B/obj"
     );
     for figures in &all {
         print_row(figures, floor, objects);
