@@ -36,7 +36,7 @@ use tokio::sync::Semaphore;
 use crate::causes::{self, ChangingCause, Reason};
 use crate::diffbase::DiffBaseStorage;
 use crate::diffs::{self, resolve};
-use crate::execution::{execute_once, Invocation, Verdict};
+use crate::execution::{execute_once, Invocation};
 use crate::finalizers;
 use crate::handlers::{Attempt, ChangingHandler, Ctx, ErrorsMode, Memo, ResourceHandlers};
 use crate::keys::KeyForming;
@@ -115,8 +115,6 @@ pub struct Cycle {
     pub resource_version: Option<String>,
     /// The object was patched.
     pub patched: bool,
-    /// The outcomes of the handler attempts, for metrics: (handler id, verdict, duration).
-    pub attempts: Vec<(String, Verdict, Duration)>,
 }
 
 /// Why a cycle failed.
@@ -191,7 +189,7 @@ impl Processor {
         .with_events(self.poster.clone());
         let mut cycle = Cycle::default();
 
-        self.run_event_handlers(&base, &mut cycle).await;
+        self.run_event_handlers(&base).await;
 
         let finalizer = self.settings.persistence.finalizer.as_str();
         let mut cause = if self.handlers.changing.is_empty() {
@@ -242,7 +240,7 @@ impl Processor {
                 cycle.awaiting_consistency = true;
             } else {
                 matched = true;
-                delays = self.run_changing(ctx, memory, now, &mut cycle).await;
+                delays = self.run_changing(ctx, memory, now).await;
             }
         }
 
@@ -264,9 +262,9 @@ impl Processor {
         let delay = delays.into_iter().min();
         let patched = !patch.is_empty();
         if patched {
-            let mut merge = patch.to_value();
-            self.progress.clear_touch(&body, &mut merge);
             let mut changes = patch.take();
+            let mut merge = Value::Object(std::mem::take(&mut changes.merge));
+            self.progress.clear_touch(&body, &mut merge);
             if let Value::Object(map) = merge {
                 changes.merge = map;
             }
@@ -344,7 +342,7 @@ impl Processor {
         )
     }
 
-    async fn run_event_handlers(&self, base: &Ctx, cycle: &mut Cycle) {
+    async fn run_event_handlers(&self, base: &Ctx) {
         for handler in &self.handlers.event {
             if !handler.filters.matches(base, false) {
                 continue;
@@ -372,11 +370,7 @@ impl Processor {
             let Ok(_permit) = self.limiter.acquire().await else {
                 return;
             };
-            let started = Instant::now();
-            let (outcome, verdict) = execute_once(&invocation, ctx, 0, Duration::ZERO).await;
-            cycle
-                .attempts
-                .push((handler.id.clone(), verdict, started.elapsed()));
+            let (outcome, _) = execute_once(&invocation, ctx, 0, Duration::ZERO).await;
             deliver_result(base.patch(), &handler.id, &outcome);
         }
     }
@@ -387,7 +381,6 @@ impl Processor {
         ctx: &Ctx,
         memory: &mut ObjectMemory,
         now: Timestamp,
-        cycle: &mut Cycle,
     ) -> Vec<Duration> {
         let Some(cause) = ctx.cause() else {
             return Vec::new();
@@ -474,17 +467,13 @@ impl Processor {
                     let Ok(_permit) = self.limiter.acquire().await else {
                         break;
                     };
-                    let started_at = Instant::now();
-                    let (outcome, verdict) = execute_once(
+                    let (outcome, _) = execute_once(
                         &invocation,
                         ctx.clone().with_attempt(attempt),
                         attempts,
                         runtime,
                     )
                     .await;
-                    cycle
-                        .attempts
-                        .push((handler.id.clone(), verdict, started_at.elapsed()));
                     outcomes.push((handler.id.clone(), outcome));
                 }
                 let finished_at = Timestamp::now();

@@ -460,8 +460,8 @@ impl Watcher {
             .or(backoffs.last())
             .copied()
             .unwrap_or(Duration::from_secs(1));
-        if let Some(seconds) = retry_after(&error) {
-            delay = delay.max(Duration::from_secs(seconds));
+        if let Some(wait) = crate::api::retry_after(&error) {
+            delay = delay.max(wait);
         }
         self.failures += 1;
         if self.failures > backoffs.len() {
@@ -493,17 +493,6 @@ fn push_event(
 fn status_of(error: &kube::Error) -> Option<(u16, String)> {
     match error {
         kube::Error::Api(status) => Some((status.code, status.message.clone())),
-        _ => None,
-    }
-}
-
-fn retry_after(error: &kube::Error) -> Option<u64> {
-    match error {
-        kube::Error::Api(status) if status.code == 429 => status
-            .details
-            .as_ref()
-            .map(|d| u64::from(d.retry_after_seconds))
-            .filter(|s| *s > 0),
         _ => None,
     }
 }
