@@ -25,6 +25,7 @@ pub mod prelude {
     pub use crate::cli::Scope;
     pub use crate::operator::Operator;
     pub use kactor_reactor::causes::Reason;
+    pub use kactor_reactor::daemons::{Daemon, StopReason, Stopped, Timer};
     pub use kactor_reactor::filters::{MetaFilter, ValueFilter};
     pub use kactor_reactor::handlers::{
         ActivityCtx, Ctx, ErrorsMode, HandlerError, HandlerResult, Memo, On,
@@ -37,7 +38,8 @@ pub mod prelude {
 }
 
 pub use kactor_reactor::{
-    causes, diffs, filters, handlers, lifecycles, patches, pausing, posting, resources, settings,
+    causes, daemons, diffs, filters, handlers, lifecycles, patches, pausing, posting, resources,
+    settings,
 };
 
 /// Peering with other operators (Kopf-compatible) and Lease-based leader election.

@@ -25,6 +25,9 @@ use kactor_actors::tracker::Tracker;
 use kactor_peering::lease::{LeaderElector, LeaseSettings};
 use kactor_peering::peering::{PeeringMode, PeeringSettings};
 use kactor_reactor::causes::Reason;
+use kactor_reactor::daemons::{
+    Daemon, DaemonObserver, NoObserver, Spawning, SpawningHandler, Timer,
+};
 use kactor_reactor::discovery::{self, ResolveError};
 use kactor_reactor::handlers::{
     handler_fn, Activity, ActivityCtx, ChangingHandler, Ctx, EventHandler, HandlerError,
@@ -67,6 +70,7 @@ pub struct Operator {
     peering: PeeringSettings,
     leader_election: Option<LeaseSettings>,
     identity: Option<String>,
+    observer: Arc<dyn DaemonObserver>,
 }
 
 impl Default for Operator {
@@ -88,6 +92,7 @@ impl Operator {
             peering: PeeringSettings::default(),
             leader_election: None,
             identity: None,
+            observer: Arc::new(NoObserver),
         }
     }
 
@@ -390,6 +395,119 @@ impl Operator {
         self
     }
 
+    /// Registers a daemon: one long-running task per matching object, started when the object is
+    /// first seen (created, or found at startup), after `daemon`'s optional initial delay. It runs
+    /// until it returns (it is then not started again in this process), fails for good, or is asked
+    /// to stop: the object is deleted, its filters stop matching (it starts again when they match
+    /// again), or the operator pauses (it starts again after the resume) or exits.
+    ///
+    /// The handler polls or awaits `ctx.stopped()`; `ctx.fresh()` has the newest body. An error
+    /// retries it after the backoff (or the [`HandlerError::temporary`] delay); what it returns
+    /// lands in `status.<id>`, and its patch is sent after each attempt.
+    ///
+    /// **Guarantees**: the object keeps the finalizer while the daemon may run, so it is not deleted
+    /// before the daemon has stopped; never two instances at once for one object.
+    ///
+    /// **Caveats**: when asked to stop, a daemon has `cancellation_backoff` to exit on its own, then
+    /// it is cancelled at its next `.await`, then after `cancellation_timeout` it is abandoned and
+    /// the finalizer released; with no timeout, deletion waits however long it takes. Daemons do not
+    /// count against `execution.max_concurrent_handlers`.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// # use std::time::Duration;
+    /// let operator = Operator::new().daemon(
+    ///     ("example.com", "v1", "widgets"),
+    ///     "monitor",
+    ///     Daemon::new().cancellation_timeout(Duration::from_secs(10)),
+    ///     |ctx: Ctx| async move {
+    ///         while !ctx.stopped().wait_timeout(Duration::from_secs(30)).await {
+    ///             ctx.logger().info(format!("size is {}", ctx.fresh().spec()["size"]));
+    ///         }
+    ///         Ok(())
+    ///     },
+    /// );
+    /// ```
+    pub fn daemon<S, O, F, Fut, R>(self, resource: S, on: O, daemon: Daemon, handler: F) -> Self
+    where
+        S: Into<Selector>,
+        O: Into<On>,
+        F: Fn(Ctx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<R, HandlerError>> + Send + 'static,
+        R: serde::Serialize + 'static,
+    {
+        self.spawning(
+            resource.into(),
+            on.into(),
+            Spawning::Daemon(daemon),
+            handler,
+        )
+    }
+
+    /// Registers a timer: for every matching object, the handler is called on the schedule of
+    /// `timer` (every `interval`, on a fixed grid when `sharp`, only after `idle` without essential
+    /// changes, after an `initial_delay`). A call never overlaps the previous one. An error retries
+    /// it after the backoff (or the [`HandlerError::temporary`] delay) instead of the interval; a
+    /// permanent failure stops the timer for the rest of the process. What it returns lands in
+    /// `status.<id>`, and its patch is sent after each call.
+    ///
+    /// Like daemons, timers hold the object's finalizer while they may run, stop when the object is
+    /// deleted, their filters stop matching, or the operator pauses or exits, and start again when
+    /// the filters match again or the operator resumes. Each call counts against
+    /// `execution.max_concurrent_handlers`.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// # use std::time::Duration;
+    /// let operator = Operator::new().timer(
+    ///     ("example.com", "v1", "widgets"),
+    ///     "check_drift",
+    ///     Timer::every(Duration::from_secs(60)).idle(Duration::from_secs(30)),
+    ///     |ctx: Ctx| async move {
+    ///         Ok(json!({"checked": true}))       // lands in status.check_drift
+    ///     },
+    /// );
+    /// ```
+    pub fn timer<S, O, F, Fut, R>(self, resource: S, on: O, timer: Timer, handler: F) -> Self
+    where
+        S: Into<Selector>,
+        O: Into<On>,
+        F: Fn(Ctx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<R, HandlerError>> + Send + 'static,
+        R: serde::Serialize + 'static,
+    {
+        self.spawning(resource.into(), on.into(), Spawning::Timer(timer), handler)
+    }
+
+    fn spawning<F, Fut, R>(
+        mut self,
+        selector: Selector,
+        on: On,
+        spawning: Spawning,
+        handler: F,
+    ) -> Self
+    where
+        F: Fn(Ctx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<R, HandlerError>> + Send + 'static,
+        R: serde::Serialize + 'static,
+    {
+        self.registry.spawning_handlers.push(SpawningHandler {
+            id: on.id,
+            selector,
+            spawning,
+            options: on.options,
+            filters: on.filters,
+            func: handler_fn(handler),
+        });
+        self
+    }
+
+    /// Hooks for metrics of daemons and timers: how many run, and how late timers are.
+    pub fn daemon_observer(mut self, observer: Arc<dyn DaemonObserver>) -> Self {
+        self.observer = observer;
+        self
+    }
+
     /// Registers a startup activity: it runs before anything is watched; its failure stops the operator.
     ///
     /// ```no_run
@@ -681,6 +799,8 @@ struct Orchestra {
     actors: ActorSystem,
     limiter: Arc<Semaphore>,
     tracker: Arc<Tracker>,
+    daemon_tracker: Arc<Tracker>,
+    observer: Arc<dyn DaemonObserver>,
     poster: EventPoster,
     targets: Vec<Target>,
     served: Served,
@@ -732,6 +852,8 @@ impl Orchestra {
                 operator.settings.execution.max_concurrent_handlers.max(1),
             )),
             tracker: Arc::new(Tracker::default()),
+            daemon_tracker: Arc::new(Tracker::default()),
+            observer: operator.observer.clone(),
             poster,
             targets,
             served,
@@ -926,6 +1048,7 @@ impl Orchestra {
                     .or_insert_with(|| (resource.clone(), ResourceHandlers::default()));
                 entry.1.event.extend(handlers.event.iter().cloned());
                 entry.1.changing.extend(handlers.changing.iter().cloned());
+                entry.1.spawning.extend(handlers.spawning.iter().cloned());
             }
         }
         let obsolete: Vec<_> = self
@@ -954,6 +1077,8 @@ impl Orchestra {
                 runtime: tokio::runtime::Handle::current(),
                 limiter: self.limiter.clone(),
                 tracker: self.tracker.clone(),
+                daemon_tracker: self.daemon_tracker.clone(),
+                observer: self.observer.clone(),
                 start_paused: self.paused,
             };
             let supervisor = self
@@ -976,6 +1101,25 @@ impl Orchestra {
             .await;
         if cancelled > 0 {
             tracing::warn!(cancelled, "handlers still running at exit were cancelled");
+        }
+        // Daemons and timers were asked to stop (OPERATOR_EXITING) and go through their stopping
+        // stages; they get the longest of those stages, or `exit_timeout`, then are cancelled.
+        let stages = registry
+            .spawning_handlers
+            .iter()
+            .map(|h| {
+                let c = h.cancellation();
+                c.backoff.unwrap_or_default() + c.timeout.unwrap_or_default()
+            })
+            .max()
+            .unwrap_or_default();
+        let wait = stages.max(self.settings.queueing.exit_timeout);
+        let cancelled = self.daemon_tracker.drain(wait).await;
+        if cancelled > 0 {
+            tracing::warn!(
+                cancelled,
+                "daemons and timers still running at exit were cancelled"
+            );
         }
         for activity in &registry.cleanup {
             if let Err(error) = run_activity(activity, activity_ctx.clone()).await {

@@ -366,6 +366,11 @@ async fn a_restarted_operator_finishes_the_job_without_rerunning_succeeded_handl
     )
     .await;
     running.stop().await;
+    // On a busy machine the stop may come after one more (failed) retry: count what was stored.
+    let stored = widgets.get("w1").await.unwrap();
+    let failures = progress(&stored, "second").unwrap()["retries"]
+        .as_u64()
+        .unwrap() as usize;
 
     let running = spawn(build(&calls, false));
     let object = until(&widgets, "w1", "both done", |o| {
@@ -374,7 +379,12 @@ async fn a_restarted_operator_finishes_the_job_without_rerunning_succeeded_handl
     .await
     .unwrap();
     assert_eq!(calls.count("first", "w1"), 1, "{:?}", calls.all());
-    assert_eq!(calls.count("second", "w1"), 2, "{:?}", calls.all());
+    assert_eq!(
+        calls.count("second", "w1"),
+        failures + 1,
+        "{:?}",
+        calls.all()
+    );
     assert_eq!(status(&object)["first"], json!("one"));
     assert_eq!(status(&object)["second"], json!("two"));
     assert_eq!(progress(&object, "first"), None);

@@ -7,6 +7,7 @@
 //!
 //! Start with [`supervisor::ResourceSupervisor`] and [`worker::ObjectWorker`].
 
+pub mod daemons;
 pub mod supervisor;
 pub mod system;
 pub mod tracker;

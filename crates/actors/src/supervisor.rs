@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
+use kactor_reactor::daemons::DaemonObserver;
 use kactor_reactor::handlers::{Memo, ResourceHandlers};
 use kactor_reactor::posting::EventPoster;
 use kactor_reactor::processing::{ObjectMemory, Processor};
@@ -32,8 +33,9 @@ use kube::api::{Api, DynamicObject, ObjectMeta};
 use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
 
+use crate::daemons::{ApiSink, DaemonEnv};
 use crate::tracker::Tracker;
-use crate::worker::{Deliver, Idle, ObjectWorker, Stop, WorkerShared};
+use crate::worker::{self, Deliver, Idle, ObjectWorker, Stop, WorkerShared};
 
 /// How many batches may wait to be routed while the watch stream fetches the next one.
 const IN_FLIGHT: usize = 4;
@@ -59,6 +61,10 @@ pub struct SupervisorConfig {
     pub limiter: Arc<Semaphore>,
     /// The handler tasks in flight.
     pub tracker: Arc<Tracker>,
+    /// The daemon and timer tasks in flight.
+    pub daemon_tracker: Arc<Tracker>,
+    /// Hooks for metrics of daemons and timers.
+    pub observer: Arc<dyn DaemonObserver>,
     /// Start without watching (the operator is paused); a [`Resume`] starts the stream.
     pub start_paused: bool,
 }
@@ -66,12 +72,12 @@ pub struct SupervisorConfig {
 /// One batch from the watch stream.
 #[derive(Message)]
 #[rtype(result = "()")]
-struct Batch(Vec<WatchItem>, Instant);
+struct Batch(Vec<WatchItem>, Instant, u64);
 
 /// The watch stream ended for good.
 #[derive(Message)]
 #[rtype(result = "()")]
-struct WatchEnded(WatchError);
+struct WatchEnded(WatchError, u64);
 
 /// Stop watching and stop every worker (in-flight handlers go on; shutdown drains them).
 #[derive(Message)]
@@ -79,7 +85,8 @@ struct WatchEnded(WatchError);
 pub struct Shutdown;
 
 /// Stop the watch stream and keep every object's record: the operator is paused (peering, leader
-/// election). Handlers already running finish.
+/// election). Handlers already running finish; daemons and timers stop (`OPERATOR_PAUSING`);
+/// scheduled retries are dropped and done again after the resume.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Pause;
@@ -130,6 +137,8 @@ pub struct ResourceSupervisor {
     /// Keys seen in the listing under way, to find what vanished when it completes.
     listing: HashSet<Arc<str>>,
     watch: Option<tokio::task::JoinHandle<()>>,
+    /// Counts the streams started: what an earlier (aborted) stream still had in flight is dropped.
+    generation: u64,
     shared: Option<Arc<WorkerShared>>,
 }
 
@@ -146,6 +155,7 @@ impl ResourceSupervisor {
             records: HashMap::new(),
             listing: HashSet::new(),
             watch: None,
+            generation: 0,
             shared: None,
         }
     }
@@ -222,6 +232,8 @@ impl ResourceSupervisor {
             config.settings.networking.clone(),
         );
         self.listing.clear();
+        self.generation += 1;
+        let generation = self.generation;
         let address = ctx.address();
         tracing::debug!(supervisor = %self.label, "watching");
         self.watch = Some(config.runtime.spawn(async move {
@@ -231,7 +243,7 @@ impl ResourceSupervisor {
             loop {
                 match watcher.next_batch().await {
                     Ok(batch) => {
-                        in_flight.push_back(address.send(Batch(batch, Instant::now())));
+                        in_flight.push_back(address.send(Batch(batch, Instant::now(), generation)));
                         if in_flight.len() >= IN_FLIGHT {
                             if let Some(oldest) = in_flight.pop_front() {
                                 if oldest.await.is_err() {
@@ -244,7 +256,7 @@ impl ResourceSupervisor {
                         for pending in in_flight.drain(..) {
                             let _ = pending.await;
                         }
-                        address.do_send(WatchEnded(error));
+                        address.do_send(WatchEnded(error, generation));
                         return;
                     }
                 }
@@ -290,6 +302,24 @@ impl Actor for ResourceSupervisor {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         let config = &self.config;
+        let daemons = (!config.handlers.spawning.is_empty()).then(|| {
+            Arc::new(DaemonEnv {
+                resource: config.resource.clone(),
+                handlers: config.handlers.clone(),
+                client: Arc::new(config.client.clone()),
+                poster: config.poster.clone(),
+                limiter: config.limiter.clone(),
+                default_backoff: config.settings.execution.default_backoff,
+                sink: Arc::new(ApiSink {
+                    client: config.client.clone(),
+                    resource: config.resource.clone(),
+                    backoffs: config.settings.networking.error_backoffs.clone(),
+                }),
+                observer: config.observer.clone(),
+                runtime: config.runtime.clone(),
+                tracker: config.daemon_tracker.clone(),
+            })
+        });
         let processor = Processor::new(
             config.resource.clone(),
             config.handlers.clone(),
@@ -306,6 +336,7 @@ impl Actor for ResourceSupervisor {
             consistency_timeout: config.settings.persistence.consistency_timeout,
             error_delays: config.settings.queueing.error_delays.clone().into(),
             supervisor: ctx.address().recipient(),
+            daemons,
         }));
         if config.start_paused {
             tracing::debug!(supervisor = %self.label, "starting paused");
@@ -330,7 +361,11 @@ impl Actor for ResourceSupervisor {
 impl Handler<Batch> for ResourceSupervisor {
     type Result = ();
 
-    fn handle(&mut self, Batch(items, received): Batch, _: &mut Context<Self>) {
+    fn handle(&mut self, Batch(items, received, generation): Batch, _: &mut Context<Self>) {
+        if generation != self.generation || self.watch.is_none() {
+            // From a stream stopped by a pause: the listing after the resume sees it all anew.
+            return;
+        }
         for item in items {
             match item {
                 WatchItem::Listed(object) => self.route(EventType::Listed, object, received),
@@ -344,7 +379,10 @@ impl Handler<Batch> for ResourceSupervisor {
 impl Handler<WatchEnded> for ResourceSupervisor {
     type Result = ();
 
-    fn handle(&mut self, WatchEnded(error): WatchEnded, ctx: &mut Context<Self>) {
+    fn handle(&mut self, WatchEnded(error, generation): WatchEnded, ctx: &mut Context<Self>) {
+        if generation != self.generation || self.watch.is_none() {
+            return;
+        }
         match &error {
             WatchError::NotServed { .. } => {
                 tracing::warn!(supervisor = %self.label, %error, "the resource is no longer served; not watching it any more")
@@ -387,11 +425,12 @@ impl Handler<Pause> for ResourceSupervisor {
             watch.abort();
             tracing::debug!(supervisor = %self.label, "paused");
         }
-        // Nothing is touched while paused: workers stop, their scheduled retries and touches with
-        // them; such objects are dispatched again by the listing after the resume (see `route`).
-        for record in self.records.values_mut() {
-            if let Some(worker) = record.worker.take() {
-                worker.do_send(Stop);
+        // Nothing is touched while paused: workers drop their scheduled retries and touches, and
+        // stop their daemons and timers; such objects are dispatched again by the listing after
+        // the resume (see `route`), and idle workers stop as usual meanwhile.
+        for record in self.records.values() {
+            if let Some(worker) = &record.worker {
+                worker.do_send(worker::Pause);
             }
         }
     }

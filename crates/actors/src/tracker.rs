@@ -19,8 +19,8 @@ pub struct Tracker {
 }
 
 impl Tracker {
-    /// Spawns a task on `runtime` and tracks it until it ends.
-    pub fn spawn<F>(self: &Arc<Self>, runtime: &Handle, task: F)
+    /// Spawns a task on `runtime` and tracks it until it ends; the handle cancels it.
+    pub fn spawn<F>(self: &Arc<Self>, runtime: &Handle, task: F) -> AbortHandle
     where
         F: Future<Output = ()> + Send + 'static,
     {
@@ -28,11 +28,20 @@ impl Tracker {
         let tracker = self.clone();
         // The lock is held while spawning, so the task's own removal (which takes it) comes after the insert.
         let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        // A guard, so that a cancelled task is forgotten too.
+        struct Finished(Arc<Tracker>, u64);
+        impl Drop for Finished {
+            fn drop(&mut self) {
+                self.0.finished(self.1);
+            }
+        }
         let handle = runtime.spawn(async move {
+            let _finished = Finished(tracker, id);
             task.await;
-            tracker.finished(id);
         });
-        running.insert(id, handle.abort_handle());
+        let abort = handle.abort_handle();
+        running.insert(id, abort.clone());
+        abort
     }
 
     fn finished(&self, id: u64) {

@@ -21,21 +21,32 @@
 //! * The object's memory (memo, resume and retry bookkeeping) lives in the supervisor's record of the
 //!   object and survives the worker.
 //!
-//! **Idling**: after `queueing.idle_timeout` with nothing to do and nothing scheduled, the worker tells
-//! the supervisor, which stops it only if no event was sent since (the supervisor is the only sender,
-//! so none is in flight).
+//! **Daemons and timers** ([`ObjectDaemons`]) belong to the worker: each cycle decides which should
+//! run (before the changing handlers), every event replaces the live body they read, and when the
+//! last one holding the object stops (during a deletion, a filter change, or on its own) the cycle
+//! runs again at once, so the finalizer is released without waiting for another event. A pause
+//! ([`Pause`]) stops them; the next event after the resume starts them again. What ended on its own
+//! is remembered in the object's memory and never started again in this process.
+//!
+//! **Idling**: after `queueing.idle_timeout` with nothing to do, nothing scheduled and no daemon or
+//! timer running, the worker tells the supervisor, which stops it only if no event was sent since
+//! (the supervisor is the only sender, so none is in flight).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use kactor_reactor::daemons::StopReason;
 use kactor_reactor::handlers::Memo;
-use kactor_reactor::processing::{Cycle, Event, ObjectMemory, ProcessingError, Processor};
+use kactor_reactor::processing::{
+    Cycle, DaemonsView, Event, ObjectMemory, ProcessingError, Processor, SpawnDecision,
+};
 use kactor_reactor::watching::EventType;
 use kube::api::DynamicObject;
 use tokio::runtime::Handle;
 use tracing::Instrument;
 
+use crate::daemons::{DaemonEnv, ObjectDaemons, Report, Reporter};
 use crate::tracker::Tracker;
 
 /// An event for the worker's object.
@@ -64,11 +75,29 @@ struct CycleDone {
 #[rtype(result = "()")]
 struct Touched(Result<Option<String>, ProcessingError>);
 
-/// Stop after the cycle under way, if any; scheduled retries and touches are dropped (sent by the
-/// supervisor when the worker idles, when the operator pauses, and at exit).
+/// Stop after the cycle under way, if any; scheduled retries and touches are dropped, daemons and
+/// timers are asked to stop (`OPERATOR_EXITING`) and go through their stopping stages on their own
+/// (sent by the supervisor when the worker idles, and at exit).
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Stop;
+
+/// The operator pauses: daemons and timers stop (`OPERATOR_PAUSING`), scheduled retries and touches
+/// are dropped, and nothing starts until the next event (which comes only after the resume). The
+/// object is marked for the listing after the resume to dispatch it again.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Pause;
+
+/// A cycle decided which daemons and timers should run.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Decided(SpawnDecision);
+
+/// A daemon or timer ended or was abandoned.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct DaemonReport(Report);
 
 /// The worker has had nothing to do since the event numbered `seq`.
 #[derive(Message)]
@@ -97,6 +126,8 @@ pub struct WorkerShared {
     pub error_delays: Arc<[Duration]>,
     /// Where idling is reported.
     pub supervisor: Recipient<Idle>,
+    /// What daemons and timers need, when the resource has any.
+    pub daemons: Option<Arc<DaemonEnv>>,
 }
 
 /// The actor of one object.
@@ -120,6 +151,12 @@ pub struct ObjectWorker {
     throttle_step: usize,
     /// The version our last patch produced, not yet seen in the watch, and until when to wait for it.
     expected: Option<(String, Instant)>,
+    /// The object's daemons and timers (made on the first event, when the resource has any).
+    daemons: Option<ObjectDaemons>,
+    /// The operator is paused: nothing starts until the next event.
+    paused: bool,
+    /// The last daemon holding the finalizer stopped during a cycle: run the cycle again after it.
+    recheck: bool,
 }
 
 impl ObjectWorker {
@@ -145,7 +182,49 @@ impl ObjectWorker {
             throttled: false,
             throttle_step: 0,
             expected: None,
+            daemons: None,
+            paused: false,
+            recheck: false,
         }
+    }
+
+    /// The daemons and timers read the newest body; they are set up on the object's first event.
+    fn observe(&mut self, event: &Deliver, ctx: &mut Context<Self>) {
+        let Some(env) = &self.shared.daemons else {
+            return;
+        };
+        match &self.daemons {
+            Some(daemons) => daemons.observe(event.body.clone(), event.event_type),
+            None => {
+                // A weak address: the reports must not keep a worker alive that nothing else wants.
+                let address = ctx.address().downgrade();
+                let report: Reporter = Arc::new(move |report| {
+                    if let Some(address) = address.upgrade() {
+                        address.do_send(DaemonReport(report));
+                    }
+                });
+                // No cycle runs yet, so the memory is in its slot.
+                let excluded = lock(&self.memory).forever_stopped.clone();
+                self.daemons = Some(ObjectDaemons::new(
+                    env.clone(),
+                    self.memo.clone(),
+                    self.span(&event.body),
+                    event.body.clone(),
+                    event.event_type,
+                    excluded,
+                    report,
+                ));
+            }
+        }
+    }
+
+    /// How many daemons and timers hold the object (and keep the worker from idling).
+    fn holding(&self) -> usize {
+        self.daemons.as_ref().map_or(0, ObjectDaemons::holding)
+    }
+
+    fn mark_interrupted(&self) {
+        lock(&self.memory).interrupted = true;
     }
 
     fn cancel_timer(&mut self, ctx: &mut Context<Self>) {
@@ -179,12 +258,21 @@ impl ObjectWorker {
             None => true,
             Some((_, deadline)) => Instant::now() >= *deadline,
         };
+        let daemons = self.daemons.as_ref().map(|daemons| {
+            let address = ctx.address();
+            DaemonsView {
+                excluded: daemons.excluded(),
+                blocking: daemons.holding() > 0,
+                decide: Box::new(move |decision| address.do_send(Decided(decision))),
+            }
+        });
         let input = Event {
             event_type: event.event_type,
             body: event.body.clone(),
             memo: self.memo.clone(),
             received: event.received,
             consistent,
+            daemons,
         };
         let span = self.span(&event.body);
         self.last = Some(event);
@@ -214,8 +302,16 @@ impl ObjectWorker {
             ctx.stop();
             return;
         }
-        if let Some(next) = self.pending.take() {
+        if self.paused {
+            if self.pending.take().is_some() {
+                self.mark_interrupted();
+            }
+        } else if let Some(next) = self.pending.take() {
             self.start_cycle(next, ctx);
+            return;
+        }
+        if self.holding() > 0 {
+            // Daemons and timers run: the worker stays (their reports come here).
             return;
         }
         let (key, seq, supervisor) = (
@@ -226,6 +322,14 @@ impl ObjectWorker {
         self.timer = Some(ctx.run_later(self.shared.idle_timeout, move |_, _| {
             supervisor.do_send(Idle { key, seq })
         }));
+    }
+
+    /// Runs the cycle again on the last event now (the daemons that held the object have stopped).
+    fn rerun(&mut self, ctx: &mut Context<Self>) {
+        match self.last.clone() {
+            Some(last) if last.event_type != EventType::Deleted => self.start_cycle(last, ctx),
+            _ => self.settle(ctx),
+        }
     }
 
     /// Runs the last event again after `after` unless an event comes first.
@@ -287,12 +391,23 @@ fn lock(memory: &Mutex<ObjectMemory>) -> std::sync::MutexGuard<'_, ObjectMemory>
 
 impl Actor for ObjectWorker {
     type Context = Context<Self>;
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        // What ended on its own stays ended for the next worker of the object. A worker stops only
+        // between cycles, so the memory is in its slot.
+        if let Some(daemons) = &self.daemons {
+            lock(&self.memory).forever_stopped = daemons.excluded();
+        }
+    }
 }
 
 impl Handler<Deliver> for ObjectWorker {
     type Result = ();
 
     fn handle(&mut self, event: Deliver, ctx: &mut Context<Self>) {
+        self.observe(&event, ctx);
+        // Events come again only after a resume (the supervisor drops what a paused stream sent).
+        self.paused = false;
         if let Some((expected, _)) = &self.expected {
             if event.body.metadata.resource_version.as_deref() == Some(expected.as_str()) {
                 self.expected = None;
@@ -323,6 +438,10 @@ impl Handler<CycleDone> for ObjectWorker {
                 if self.stopping {
                     return ctx.stop();
                 }
+                if self.paused {
+                    self.mark_interrupted();
+                    return self.settle(ctx);
+                }
                 return self.throttle(&error, ctx);
             }
         };
@@ -332,8 +451,14 @@ impl Handler<CycleDone> for ObjectWorker {
                 .resource_version
                 .map(|rv| (rv, Instant::now() + self.shared.consistency_timeout));
         }
-        if self.stopping || self.pending.is_some() {
+        if self.paused && (cycle.delay.is_some() || cycle.awaiting_consistency) {
+            self.mark_interrupted();
+        }
+        if self.stopping || self.paused || self.pending.is_some() {
             return self.settle(ctx);
+        }
+        if std::mem::take(&mut self.recheck) {
+            return self.rerun(ctx);
         }
         if cycle.awaiting_consistency {
             let wait = self
@@ -378,13 +503,79 @@ impl Handler<Stop> for ObjectWorker {
 
     fn handle(&mut self, _: Stop, ctx: &mut Context<Self>) {
         if self.busy || self.scheduled || self.pending.is_some() {
-            lock(&self.memory).interrupted = true;
+            self.mark_interrupted();
         }
         self.stopping = true;
         self.pending = None;
         self.cancel_timer(ctx);
+        if let Some(daemons) = &mut self.daemons {
+            daemons.stop_all(StopReason::OperatorExiting);
+        }
         if !self.busy {
             ctx.stop();
+        }
+    }
+}
+
+impl Handler<Pause> for ObjectWorker {
+    type Result = ();
+
+    fn handle(&mut self, _: Pause, ctx: &mut Context<Self>) {
+        if self.scheduled || self.pending.is_some() || self.holding() > 0 {
+            // The listing after the resume dispatches the object even if unchanged, so that its
+            // retries go on and its daemons and timers start again.
+            self.mark_interrupted();
+        }
+        self.paused = true;
+        self.pending = None;
+        self.throttled = false;
+        if let Some(daemons) = &mut self.daemons {
+            daemons.stop_all(StopReason::OperatorPausing);
+        }
+        if !self.busy {
+            self.cancel_timer(ctx);
+            self.settle(ctx);
+        }
+    }
+}
+
+impl Handler<Decided> for ObjectWorker {
+    type Result = ();
+
+    fn handle(&mut self, Decided(decision): Decided, _: &mut Context<Self>) {
+        let may_start = !self.paused && !self.stopping;
+        if let Some(daemons) = &mut self.daemons {
+            daemons.apply(&decision, may_start);
+        }
+    }
+}
+
+impl Handler<DaemonReport> for ObjectWorker {
+    type Result = ();
+
+    fn handle(&mut self, DaemonReport(report): DaemonReport, ctx: &mut Context<Self>) {
+        let may_start = !self.paused && !self.stopping;
+        let Some(daemons) = &mut self.daemons else {
+            return;
+        };
+        let before = daemons.holding();
+        let known = match report {
+            Report::Exited { index, generation } => daemons.exited(index, generation, may_start),
+            Report::Abandoned { index, generation } => daemons.abandoned(index, generation),
+        };
+        if !known || self.stopping {
+            return;
+        }
+        if before > 0 && daemons.holding() == 0 {
+            // Nothing holds the object any more: a cycle releases (or drops) the finalizer now,
+            // instead of waiting for the next event.
+            if self.paused {
+                self.settle(ctx);
+            } else if self.busy {
+                self.recheck = true;
+            } else if self.pending.is_none() && !self.throttled {
+                self.rerun(ctx);
+            }
         }
     }
 }

@@ -56,12 +56,15 @@ async fn idle_workers_stop_but_every_objects_record_stays() {
         handlers: Arc::new(ResourceHandlers {
             event: vec![handler],
             changing: vec![],
+            spawning: vec![],
         }),
         poster: EventPoster::disabled(),
         settings: Arc::new(settings),
         runtime: tokio::runtime::Handle::current(),
         limiter: Arc::new(Semaphore::new(8)),
         tracker: Arc::new(Tracker::default()),
+        daemon_tracker: Arc::new(Tracker::default()),
+        observer: Arc::new(kactor_reactor::daemons::NoObserver),
         start_paused: false,
     };
     let actors = ActorSystem::start().unwrap();

@@ -21,8 +21,10 @@ use futures::FutureExt;
 use jiff::Timestamp;
 use kube::api::DynamicObject;
 use serde_json::Value;
+use tokio::sync::watch;
 
 use crate::causes::{ChangingCause, Reason};
+use crate::daemons::{Live, SpawningHandler, Stopped};
 use crate::diffs::Diff;
 use crate::filters::{Filters, MetaFilter, ValueFilter};
 use crate::patches::Patch;
@@ -192,6 +194,13 @@ pub struct Ctx {
     cause: Option<Arc<ChangingCause>>,
     attempt: Option<Arc<Attempt>>,
     events: Option<Arc<EventSink>>,
+    daemon: Option<Arc<DaemonSide>>,
+}
+
+/// What daemons and timers see beyond other handlers: the stop signal and the live body.
+struct DaemonSide {
+    stopped: Stopped,
+    live: watch::Receiver<Live>,
 }
 
 /// One invocation of one handler: Kopf's per-handler kwargs.
@@ -244,7 +253,47 @@ impl Ctx {
             cause: None,
             attempt: None,
             events: None,
+            daemon: None,
         }
+    }
+
+    /// The same context, for a daemon or timer: with its stop signal and the live body.
+    pub fn with_daemon(mut self, stopped: Stopped, live: watch::Receiver<Live>) -> Self {
+        self.daemon = Some(Arc::new(DaemonSide { stopped, live }));
+        self
+    }
+
+    /// For daemons and timers, the stop signal: await it, poll it, or sleep on it
+    /// (`ctx.stopped().wait_timeout(..)`), and see why (`ctx.stopped().reasons()`). For other
+    /// handlers it never fires.
+    ///
+    /// ```
+    /// # use kactor_reactor::handlers::{Ctx, HandlerError};
+    /// # use std::time::Duration;
+    /// async fn monitor(ctx: Ctx) -> Result<(), HandlerError> {
+    ///     while !ctx.stopped().wait_timeout(Duration::from_secs(30)).await {
+    ///         let now = ctx.fresh(); // the newest body, not the one the daemon started with
+    ///         println!("size is {}", now.spec()["size"]);
+    ///     }
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn stopped(&self) -> Stopped {
+        self.daemon
+            .as_ref()
+            .map_or_else(Stopped::never, |d| d.stopped.clone())
+    }
+
+    /// The same context with the newest body of the object: for daemons and timers, the body of the
+    /// last event received (Kopf's live `body`); for other handlers, this very context.
+    pub fn fresh(&self) -> Ctx {
+        let mut fresh = self.clone();
+        if let Some(daemon) = &self.daemon {
+            let live = daemon.live.borrow();
+            fresh.body = live.body.clone();
+            fresh.event_type = live.event_type;
+        }
+        fresh
     }
 
     /// The same context, accumulating into `patch` (one per processing cycle).
@@ -749,6 +798,8 @@ pub struct ResourceHandlers {
     pub event: Vec<EventHandler>,
     /// Changing handlers, in registration order.
     pub changing: Vec<ChangingHandler>,
+    /// Daemons and timers, in registration order.
+    pub spawning: Vec<SpawningHandler>,
 }
 
 impl ResourceHandlers {
@@ -759,7 +810,12 @@ impl ResourceHandlers {
             .changing
             .iter()
             .filter_map(|h| h.filters.field.as_ref())
-            .chain(self.event.iter().filter_map(|h| h.filters.field.as_ref()));
+            .chain(self.event.iter().filter_map(|h| h.filters.field.as_ref()))
+            .chain(
+                self.spawning
+                    .iter()
+                    .filter_map(|h| h.filters.field.as_ref()),
+            );
         for field in named {
             if !fields.contains(field) {
                 fields.push(field.clone());
@@ -770,7 +826,7 @@ impl ResourceHandlers {
 
     /// Whether there is nothing to run.
     pub fn is_empty(&self) -> bool {
-        self.event.is_empty() && self.changing.is_empty()
+        self.event.is_empty() && self.changing.is_empty() && self.spawning.is_empty()
     }
 }
 
@@ -781,6 +837,8 @@ pub struct Registry {
     pub event_handlers: Vec<EventHandler>,
     /// Changing handlers, in registration order.
     pub changing_handlers: Vec<ChangingHandler>,
+    /// Daemons and timers, in registration order.
+    pub spawning_handlers: Vec<SpawningHandler>,
     /// `on_startup` activities, run in order before anything is watched.
     pub startup: Vec<Activity>,
     /// `on_cleanup` activities, run in order after everything stopped.
@@ -795,7 +853,8 @@ impl Registry {
             .event_handlers
             .iter()
             .map(|h| &h.selector)
-            .chain(self.changing_handlers.iter().map(|h| &h.selector));
+            .chain(self.changing_handlers.iter().map(|h| &h.selector))
+            .chain(self.spawning_handlers.iter().map(|h| &h.selector));
         for selector in all {
             if !selectors.contains(selector) {
                 selectors.push(selector.clone());
@@ -815,6 +874,12 @@ impl Registry {
                 .collect(),
             changing: self
                 .changing_handlers
+                .iter()
+                .filter(|h| h.selector == *selector)
+                .cloned()
+                .collect(),
+            spawning: self
+                .spawning_handlers
                 .iter()
                 .filter(|h| h.selector == *selector)
                 .cloned()

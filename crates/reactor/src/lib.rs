@@ -9,6 +9,7 @@
 
 pub mod api;
 pub mod causes;
+pub mod daemons;
 pub mod diffbase;
 pub mod diffs;
 pub mod discovery;

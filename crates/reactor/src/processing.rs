@@ -25,6 +25,7 @@
 //! goes to `status.kopf.last-handled-configuration` (Kopf's status storage format) and into the
 //! object's memory, with a Warning event, so the object is still handled once per change.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,7 +36,7 @@ use tokio::sync::Semaphore;
 
 use crate::causes::{self, ChangingCause, Reason};
 use crate::diffbase::DiffBaseStorage;
-use crate::diffs::{self, resolve};
+use crate::diffs::{self, resolve, Diff};
 use crate::execution::{execute_once, Invocation};
 use crate::finalizers;
 use crate::handlers::{Attempt, ChangingHandler, Ctx, ErrorsMode, Memo, ResourceHandlers};
@@ -88,6 +89,9 @@ pub struct ObjectMemory {
     /// The worker stopped (a pause) with work scheduled for the object (a retry, a touch): the next
     /// listing dispatches it even if it did not change.
     pub interrupted: bool,
+    /// Daemons and timers (by id) that ended on their own: not started again in this process
+    /// (Kopf's `forever_stopped`). Kept here by the worker when it stops.
+    pub forever_stopped: Arc<HashSet<String>>,
 }
 
 /// One cycle's input.
@@ -102,6 +106,32 @@ pub struct Event {
     pub received: Instant,
     /// Our last patch came back (or there was none, or the wait timed out).
     pub consistent: bool,
+    /// The object's daemons and timers, when the resource has any.
+    pub daemons: Option<DaemonsView>,
+}
+
+/// What a cycle needs to know of the object's daemons and timers, and where it says which should run.
+pub struct DaemonsView {
+    /// Handlers (by id) that exited on their own or failed for good: never started again in this
+    /// process (Kopf's `forever_stopped`).
+    pub excluded: Arc<HashSet<String>>,
+    /// Some daemon or timer of the object still runs (and so holds the object's finalizer).
+    pub blocking: bool,
+    /// Told once per cycle, before the changing handlers run, which should run now.
+    pub decide: Box<dyn FnOnce(SpawnDecision) + Send>,
+}
+
+/// Which daemons and timers should run, as a cycle decided.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpawnDecision {
+    /// Indices (into the resource's spawning handlers) of those whose filters match; none while the
+    /// object is being deleted.
+    pub wanted: Vec<usize>,
+    /// The object is being deleted, or is gone: they all stop.
+    pub deletion: bool,
+    /// The object changed essentially (a non-empty diff against the last handled essence, or any
+    /// event when none is kept): the idle period of timers starts again.
+    pub essential_change: bool,
 }
 
 /// What a cycle came to.
@@ -115,6 +145,9 @@ pub struct Cycle {
     pub resource_version: Option<String>,
     /// The object was patched.
     pub patched: bool,
+    /// The object is being deleted and its finalizer is kept only for daemons or timers still
+    /// stopping: the cycle must run again once they have stopped.
+    pub awaiting_daemons: bool,
 }
 
 /// Why a cycle failed.
@@ -165,7 +198,7 @@ impl Processor {
     /// Runs one cycle (see the module's documentation).
     pub async fn process(
         &self,
-        event: Event,
+        mut event: Event,
         memory: &mut ObjectMemory,
     ) -> Result<Cycle, ProcessingError> {
         let now = Timestamp::now();
@@ -192,10 +225,48 @@ impl Processor {
         self.run_event_handlers(&base).await;
 
         let finalizer = self.settings.persistence.finalizer.as_str();
-        let mut cause = if self.handlers.changing.is_empty() {
+        let deletion_ongoing = finalizers::is_deletion_ongoing(&body);
+        let deletion_blocked = finalizers::is_deletion_blocked(&body, finalizer);
+        let deleted = event.event_type == EventType::Deleted;
+        let essence = if self.handlers.changing.is_empty() && event.daemons.is_none() {
             None
         } else {
-            Some(self.detect(&event, memory))
+            Some(self.essence(&body, memory))
+        };
+
+        // Daemons and timers are decided before the changing handlers run (they live throughout the
+        // object's life), and stopped as soon as the deletion starts.
+        let mut daemons_wanted = false;
+        let mut daemons_blocking = false;
+        if let (Some(view), Some((_, _, diff))) = (event.daemons.take(), &essence) {
+            let deletion = deletion_ongoing || deleted;
+            let wanted: Vec<usize> = if deletion {
+                Vec::new()
+            } else {
+                self.handlers
+                    .spawning
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, h)| {
+                        !view.excluded.contains(&h.id) && h.filters.matches(&base, false)
+                    })
+                    .map(|(index, _)| index)
+                    .collect()
+            };
+            daemons_wanted = !wanted.is_empty();
+            daemons_blocking = view.blocking;
+            (view.decide)(SpawnDecision {
+                wanted,
+                deletion,
+                essential_change: !diff.is_empty(),
+            });
+        }
+
+        let mut cause = match essence {
+            Some((old, new, diff)) if !self.handlers.changing.is_empty() => {
+                Some(self.detect(&event, memory, old, new, diff))
+            }
+            _ => None,
         };
         let mut cause_ctx = None;
         if let Some(detected) = cause.take() {
@@ -210,14 +281,15 @@ impl Processor {
             }
         }
 
-        let deletion_ongoing = finalizers::is_deletion_ongoing(&body);
-        let deletion_blocked = finalizers::is_deletion_blocked(&body, finalizer);
-        let must_block = cause_ctx.as_ref().is_some_and(|ctx| {
-            self.handlers
-                .changing
-                .iter()
-                .any(|h| h.requires_finalizer && h.filters.prematch(ctx))
-        });
+        // Daemons and timers hold the finalizer while they should run and while they still run.
+        let must_block = daemons_wanted
+            || daemons_blocking
+            || cause_ctx.as_ref().is_some_and(|ctx| {
+                self.handlers
+                    .changing
+                    .iter()
+                    .any(|h| h.requires_finalizer && h.filters.prematch(ctx))
+            });
         if must_block && !deletion_blocked && !deletion_ongoing {
             tracing::debug!("Adding the finalizer, thus preventing the actual deletion.");
             let finalizer = finalizer.to_string();
@@ -244,8 +316,10 @@ impl Processor {
             }
         }
 
-        let deleted = event.event_type == EventType::Deleted;
-        if !deleted
+        if !deleted && deletion_ongoing && deletion_blocked && daemons_blocking {
+            tracing::debug!("Daemons and timers are still stopping; the finalizer stays.");
+            cycle.awaiting_daemons = true;
+        } else if !deleted
             && deletion_ongoing
             && deletion_blocked
             && delays.is_empty()
@@ -322,8 +396,8 @@ impl Processor {
         Ok(applied.resource_version)
     }
 
-    fn detect(&self, event: &Event, memory: &ObjectMemory) -> ChangingCause {
-        let body = &event.body;
+    /// The last handled essence (the diff-base), the current one, and the diff between them.
+    fn essence(&self, body: &DynamicObject, memory: &ObjectMemory) -> (Option<Value>, Value, Diff) {
         let old = self
             .diffbase
             .fetch(body)
@@ -331,6 +405,18 @@ impl Processor {
             .or_else(|| memory.oversized_diff_base.clone());
         let new = self.diffbase.essence(body, &self.extra_fields);
         let diff = diffs::diff(old.as_ref(), Some(&new));
+        (old, new, diff)
+    }
+
+    fn detect(
+        &self,
+        event: &Event,
+        memory: &ObjectMemory,
+        old: Option<Value>,
+        new: Value,
+        diff: Diff,
+    ) -> ChangingCause {
+        let body = &event.body;
         causes::detect(
             event.event_type,
             body,
@@ -612,7 +698,7 @@ fn attempt_for(
 }
 
 /// Stores a result in `status.<id>`: an object is merged into what is there, anything else replaces.
-fn deliver_result(patch: &Patch, id: &str, outcome: &Outcome) {
+pub fn deliver_result(patch: &Patch, id: &str, outcome: &Outcome) {
     if outcome.error.is_some() {
         return;
     }
