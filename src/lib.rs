@@ -25,7 +25,7 @@ pub mod prelude {
     pub use crate::cli::Scope;
     pub use crate::operator::Operator;
     pub use kactor_reactor::causes::Reason;
-    pub use kactor_reactor::daemons::{Daemon, StopReason, Stopped, Timer};
+    pub use kactor_reactor::daemons::{Daemon, StopReason, StopReasons, Stopped, Timer};
     pub use kactor_reactor::filters::{MetaFilter, ValueFilter};
     pub use kactor_reactor::handlers::{
         ActivityCtx, Ctx, ErrorsMode, HandlerError, HandlerResult, Memo, On,

@@ -255,8 +255,9 @@ pub struct Live {
     pub body: Arc<DynamicObject>,
     /// The type of the newest event.
     pub event_type: EventType,
-    /// The last essential change (a non-empty diff against the last handled essence; every event
-    /// when no essence is kept): the start of the `idle` period of timers.
+    /// The last essential change (a non-empty diff against the last handled essence, or, when none
+    /// is kept, against the previous event's essence; Kopf counts every event then): the start of
+    /// the `idle` period of timers.
     pub changed: Instant,
 }
 
@@ -295,7 +296,8 @@ impl fmt::Debug for InitialDelay {
 /// that long to exit on its own (`DAEMON_SIGNALLED`); then, with a `timeout`, its task is cancelled
 /// (`DAEMON_CANCELLED`: dropped at its next `.await`) and it has that long to end; then it is
 /// abandoned (`DAEMON_ABANDONED`) with a warning, and the object's finalizer is released. With no
-/// `timeout` it is waited for however long it takes, and the finalizer is kept meanwhile.
+/// `timeout` it is never cancelled (even with a `backoff`): it is waited for however long it takes,
+/// and the finalizer is kept meanwhile, as in Kopf.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Cancellation {
     /// How long a stopping daemon may take to exit on its own before it is cancelled.

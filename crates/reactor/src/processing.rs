@@ -92,6 +92,9 @@ pub struct ObjectMemory {
     /// Daemons and timers (by id) that ended on their own: not started again in this process
     /// (Kopf's `forever_stopped`). Kept here by the worker when it stops.
     pub forever_stopped: Arc<HashSet<String>>,
+    /// A hash of the last essence seen, for objects with no diff-base stored (no changing
+    /// handlers): what tells an essential change from our own status patches for idle timers.
+    pub seen_essence: Option<u64>,
 }
 
 /// One cycle's input.
@@ -129,8 +132,9 @@ pub struct SpawnDecision {
     pub wanted: Vec<usize>,
     /// The object is being deleted, or is gone: they all stop.
     pub deletion: bool,
-    /// The object changed essentially (a non-empty diff against the last handled essence, or any
-    /// event when none is kept): the idle period of timers starts again.
+    /// The object changed essentially (a non-empty diff against the last handled essence or, when
+    /// none is kept, against the essence of the previous event): the idle period of timers starts
+    /// again.
     pub essential_change: bool,
 }
 
@@ -255,10 +259,24 @@ impl Processor {
             };
             daemons_wanted = !wanted.is_empty();
             daemons_blocking = view.blocking;
+            let essential_change = match &essence {
+                Some((Some(_), _, _)) => !diff.is_empty(),
+                // No diff-base (Kopf resets the idle clock on every event then): compare with the
+                // essence of the previous event instead, so a timer's own status patch is quiet.
+                _ => {
+                    let hash = essence
+                        .as_ref()
+                        .map(|(_, new, _)| hash_of(new))
+                        .unwrap_or_default();
+                    let changed = memory.seen_essence != Some(hash);
+                    memory.seen_essence = Some(hash);
+                    changed
+                }
+            };
             (view.decide)(SpawnDecision {
                 wanted,
                 deletion,
-                essential_change: !diff.is_empty(),
+                essential_change,
             });
         }
 
@@ -640,6 +658,14 @@ impl Processor {
             }
         }
     }
+}
+
+/// A hash of a JSON value (of its serialisation; keys are ordered).
+fn hash_of(value: &Value) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    value.to_string().hash(&mut hasher);
+    hasher.finish()
 }
 
 /// A diff-base kept in the status (Kopf's `StatusDiffBaseStorage` format: a JSON string).
