@@ -11,7 +11,9 @@
 //!    the patterns, following namespaces as they are created and deleted, and CRDs as they appear and
 //!    go;
 //! 5. on the stop signal: stop watching, give running handlers `queueing.exit_timeout` to finish and
-//!    cancel the rest, run the cleanup activities; a second signal returns at once.
+//!    cancel the rest; daemons and timers are asked to stop (`OPERATOR_EXITING`) and get the longest
+//!    of their stopping stages (or `exit_timeout`); then run the cleanup activities; a second signal
+//!    returns at once.
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;

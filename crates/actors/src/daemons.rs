@@ -655,6 +655,8 @@ impl Job {
         }
         let changes = patch.take();
         let body = self.live.borrow().body.clone();
+        // Patches share the handlers' limit (see `execution.max_concurrent_handlers`).
+        let _permit = self.env.limiter.acquire().await;
         match self.env.sink.apply(body, changes.clone()).await {
             Ok(applied) => patch.extend_fns(applied.remaining),
             Err(error) => {

@@ -360,6 +360,9 @@ impl Processor {
             if let Value::Object(map) = merge {
                 changes.merge = map;
             }
+            // Patches share the handlers' limit: a listing of thousands of objects must not open
+            // thousands of connections to the API server at once.
+            let _permit = self.limiter.acquire().await;
             let applied = patches::apply(
                 &self.client,
                 &self.resource,
@@ -403,6 +406,7 @@ impl Processor {
             merge: merge.as_object().cloned().unwrap_or_default(),
             fns: Vec::new(),
         };
+        let _permit = self.limiter.acquire().await;
         let applied = patches::apply(
             &self.client,
             &self.resource,

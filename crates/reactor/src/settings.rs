@@ -98,8 +98,9 @@ impl Default for Networking {
 /// `settings.execution`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Execution {
-    /// At most this many handlers run at once in the whole operator (kactor; Kopf has no limit). It
-    /// protects the process and the API server when thousands of objects are listed at startup.
+    /// At most this many handlers run, and patches are sent, at once in the whole operator (kactor;
+    /// Kopf has no limit; long-running daemons do not count). It protects the process and the API
+    /// server when thousands of objects are listed at startup.
     pub max_concurrent_handlers: usize,
     /// The retry delay after an arbitrary error of a handler with the `temporary` errors mode, when the
     /// handler sets no `backoff` of its own (Kopf: 60 s).
