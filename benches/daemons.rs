@@ -28,7 +28,6 @@
 //! Aims: timers' p99 lateness under 20 ms, and under a quarter of one core, at 10,000 timers.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,55 +59,10 @@ const ACTORS_THREAD: &str = "kactor-actors";
 
 // ---- Requests served, counted from the emulator's debug log -------------------------------------
 
-/// Kinds of request: object patches, status patches, gets (get, list, watch, discovery), posts,
-/// anything else.
-const KINDS: [&str; 5] = ["patch", "status", "get", "post", "other"];
-static REQUESTS: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
-
-/// A tracing layer counting the emulator's `emulator request` events by kind.
-struct RequestCounter;
-
-#[derive(Default)]
-struct Request {
-    method: String,
-    path: String,
-}
-
-impl tracing::field::Visit for Request {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
-        match field.name() {
-            "method" => self.method = format!("{value:?}"),
-            "path" => self.path = format!("{value:?}"),
-            _ => {}
-        }
-    }
-}
-
-impl<S: tracing::Subscriber> Layer<S> for RequestCounter {
-    fn on_event(
-        &self,
-        event: &tracing::Event<'_>,
-        _ctx: tracing_subscriber::layer::Context<'_, S>,
-    ) {
-        let mut request = Request::default();
-        event.record(&mut request);
-        let kind = match request.method.as_str() {
-            "PATCH" if request.path.ends_with("/status") => 1,
-            "PATCH" => 0,
-            "GET" => 2,
-            "POST" => 3,
-            _ => 4,
-        };
-        REQUESTS[kind].fetch_add(1, Ordering::Relaxed);
-    }
-}
-
 /// Counts the emulator's requests; every other callsite stays disabled (the operator logs nothing,
 /// as with no subscriber), unless `logs`: then kactor's INFO logs are formatted (plain text) and
 /// thrown away, to see what logging costs (a timer logs `Handler 'tick' succeeded.` per call).
 fn count_requests(logs: bool) {
-    let only_requests = tracing_subscriber::filter::Targets::new()
-        .with_target("kactor_emulator::server", tracing::Level::DEBUG);
     let formatted = logs.then(|| {
         tracing_subscriber::fmt::layer()
             .with_writer(std::io::sink)
@@ -119,23 +73,19 @@ fn count_requests(logs: bool) {
             )
     });
     let _ = tracing_subscriber::registry()
-        .with(RequestCounter.with_filter(only_requests))
+        .with(support::request_counter())
         .with(formatted)
         .try_init();
 }
 
-fn requests_now() -> [u64; 5] {
-    std::array::from_fn(|kind| REQUESTS[kind].load(Ordering::Relaxed))
-}
-
-fn requests_since(before: [u64; 5]) -> [u64; 5] {
-    let now = requests_now();
+fn requests_since(before: support::Requests) -> support::Requests {
+    let now = support::requests_now();
     std::array::from_fn(|kind| now[kind] - before[kind])
 }
 
-fn describe_requests(requests: [u64; 5], objects: usize) -> String {
+fn describe_requests(requests: support::Requests, objects: usize) -> String {
     let total: u64 = requests.iter().sum();
-    let kinds: Vec<String> = KINDS
+    let kinds: Vec<String> = support::KINDS
         .iter()
         .zip(requests)
         .filter(|(_, count)| *count > 0)
@@ -370,11 +320,6 @@ impl DaemonObserver for Observer {
     }
 }
 
-/// Files open now: two per loopback connection (the client's end and the emulator's).
-fn open_files() -> usize {
-    std::fs::read_dir("/proc/self/fd").map_or(0, |dir| dir.count())
-}
-
 // ---- Waiting --------------------------------------------------------------------------------------
 
 /// Polls `done` every 10 ms until it holds; panics with `what` after [`DEADLINE`].
@@ -392,14 +337,14 @@ async fn wait_until(what: impl Fn() -> String, done: impl Fn() -> bool) {
 /// writes at startup).
 async fn until_api_quiet(quiet: Duration) {
     let started = Instant::now();
-    let mut last = requests_now();
+    let mut last = support::requests_now();
     let mut since = Instant::now();
     while since.elapsed() < quiet {
         if started.elapsed() > DEADLINE {
             panic!("the API was still busy after {DEADLINE:?}");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let now = requests_now();
+        let now = support::requests_now();
         if now != last {
             (last, since) = (now, Instant::now());
         }
@@ -504,7 +449,7 @@ impl Running {
 /// Waits until `count` daemons or timers have started; prints the wall and CPU used since the
 /// operator's start.
 async fn until_started(running: &Running, observer: &Observer, count: usize, what: &str) {
-    let requests = requests_now();
+    let requests = support::requests_now();
     wait_until(
         || {
             format!(
@@ -575,7 +520,7 @@ async fn timers(emulator_runtime: &Runtime, objects: usize, window: Duration) {
 
     // The window.
     let per_object_before: Vec<u32> = calls.iter().map(|c| c.load(Ordering::Relaxed)).collect();
-    let requests = requests_now();
+    let requests = support::requests_now();
     let lateness_before = LATENESS.snapshot();
     LATENESS.take_max();
     let cpu_before = cpu_now();
@@ -600,7 +545,7 @@ async fn timers(emulator_runtime: &Runtime, objects: usize, window: Duration) {
         .zip(&per_object_before)
         .map(|(c, before)| c.load(Ordering::Relaxed) - before)
         .collect();
-    let (heap_running, files_running) = (support::live_bytes(), open_files());
+    let (heap_running, files_running) = (support::live_bytes(), support::open_files());
 
     let stopped_in = running.stop().await;
     drop(emulator);
@@ -708,7 +653,7 @@ async fn daemons(emulator_runtime: &Runtime, objects: usize) {
     )
     .await;
     until_api_quiet(Duration::from_secs(1)).await;
-    let (heap_workers, files_workers) = (settled_heap().await, open_files());
+    let (heap_workers, files_workers) = (settled_heap().await, support::open_files());
     running.stop().await;
     let heap_workers_stopped = settled_heap().await;
 
@@ -726,7 +671,7 @@ async fn daemons(emulator_runtime: &Runtime, objects: usize) {
     let running = start(&emulator, operator);
     until_started(&running, &observer, objects, "daemons").await;
     until_api_quiet(Duration::from_secs(1)).await;
-    let (heap_daemons, files_daemons) = (settled_heap().await, open_files());
+    let (heap_daemons, files_daemons) = (settled_heap().await, support::open_files());
 
     let stopped_in = running.stop().await;
     wait_until(

@@ -42,7 +42,6 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::Layer;
 
 mod support;
 
@@ -56,64 +55,6 @@ const HANDLER: &str = "create_fn";
 const BARE_CONCURRENCIES: [usize; 3] = [16, 64, 256];
 /// No contender may take longer than this (a hang fails the benchmark instead of blocking CI).
 const DEADLINE: Duration = Duration::from_secs(600);
-
-// ---- Requests served, counted from the emulator's debug log -------------------------------------
-
-/// Kinds of request: object patches, status patches, event posts, other posts, gets (get, list,
-/// watch, discovery), anything else.
-const KINDS: [&str; 6] = ["patch", "status", "event", "post", "get", "other"];
-static REQUESTS: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
-
-/// A tracing layer counting the emulator's `emulator request` events by kind.
-struct RequestCounter;
-
-#[derive(Default)]
-struct Request {
-    method: String,
-    path: String,
-}
-
-impl tracing::field::Visit for Request {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
-        match field.name() {
-            "method" => self.method = format!("{value:?}"),
-            "path" => self.path = format!("{value:?}"),
-            _ => {}
-        }
-    }
-}
-
-impl<S: tracing::Subscriber> Layer<S> for RequestCounter {
-    fn on_event(
-        &self,
-        event: &tracing::Event<'_>,
-        _ctx: tracing_subscriber::layer::Context<'_, S>,
-    ) {
-        let mut request = Request::default();
-        event.record(&mut request);
-        let kind = match request.method.as_str() {
-            "PATCH" if request.path.ends_with("/status") => 1,
-            "PATCH" => 0,
-            "POST" if request.path.contains("/events") => 2,
-            "POST" => 3,
-            "GET" => 4,
-            _ => 5,
-        };
-        REQUESTS[kind].fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-fn count_requests() {
-    let only_requests = tracing_subscriber::filter::Targets::new()
-        .with_target("kactor_emulator::server", tracing::Level::DEBUG);
-    let _ = tracing_subscriber::registry()
-        .with(RequestCounter.with_filter(only_requests))
-        .try_init();
-}
-
-fn requests_now() -> [u64; 6] {
-    std::array::from_fn(|kind| REQUESTS[kind].load(Ordering::Relaxed))
-}
 
 // ---- Process figures: CPU time and open files ---------------------------------------------------
 
@@ -131,20 +72,16 @@ fn cpu_seconds() -> f64 {
     ticks as f64 / 100.0
 }
 
-fn open_files() -> usize {
-    std::fs::read_dir("/proc/self/fd").map_or(0, |dir| dir.count())
-}
-
 /// Samples the number of open files every 10 ms (each loopback connection holds two: the client's
 /// and the emulator's); returns the peak when stopped.
 fn sample_open_files(stop: oneshot::Receiver<()>) -> tokio::task::JoinHandle<usize> {
     tokio::spawn(async move {
-        let mut peak = open_files();
+        let mut peak = support::open_files();
         let mut stop = std::pin::pin!(stop);
         loop {
             tokio::select! {
                 _ = &mut stop => return peak,
-                _ = tokio::time::sleep(Duration::from_millis(10)) => peak = peak.max(open_files()),
+                _ = tokio::time::sleep(Duration::from_millis(10)) => peak = peak.max(support::open_files()),
             }
         }
     })
@@ -424,7 +361,7 @@ async fn measure(contender: Contender, objects: usize) -> Figures {
     let (emulator, widgets) = new_emulator(objects).await;
     let detector = detect(widgets.clone(), objects);
     detector.listed.await.expect("the completion watcher lists");
-    let (requests_before, heap_before) = (requests_now(), support::live_bytes());
+    let (requests_before, heap_before) = (support::requests_now(), support::live_bytes());
 
     RECONCILE_ERRORS.store(0, Ordering::Relaxed);
     let (stop_sampling, sampling) = oneshot::channel();
@@ -445,12 +382,12 @@ async fn measure(contender: Contender, objects: usize) -> Figures {
     };
     let elapsed = done - started;
     println!("  {contender}: {:.3} s", elapsed.as_secs_f64());
-    let (requests_done, heap_done) = (requests_now(), support::live_bytes());
+    let (requests_done, heap_done) = (support::requests_now(), support::live_bytes());
     let cpu = cpu_seconds() - cpu_before;
     let _ = stop_sampling.send(());
     let peak_files = sampler.await.expect("the sampler");
     running.stop().await;
-    let requests_stopped = requests_now();
+    let requests_stopped = support::requests_now();
     let first = widgets.get("w000000").await.expect("get");
     let written = (
         json!(first.metadata.annotations),
@@ -478,7 +415,7 @@ async fn measure(contender: Contender, objects: usize) -> Figures {
 fn print_row(figures: &Figures, floor: Duration, objects: usize) {
     let per_object = |count: u64| count as f64 / objects as f64;
     let total: u64 = figures.requests.iter().sum();
-    let kinds: Vec<String> = KINDS
+    let kinds: Vec<String> = support::KINDS
         .iter()
         .zip(figures.requests)
         .filter(|(_, count)| *count > 0)
@@ -523,7 +460,9 @@ async fn main() {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(if measuring { 10_000 } else { 200 });
-    count_requests();
+    let _ = tracing_subscriber::registry()
+        .with(support::request_counter())
+        .try_init();
     println!(
         "kactor lifecycle benchmark: {objects} objects, one create handler returning a value, {} cores",
         std::thread::available_parallelism().map_or(1, |n| n.get())

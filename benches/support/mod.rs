@@ -1,6 +1,13 @@
-//! What the benchmarks share: a heap-counting allocator.
+//! What the benchmarks share: a heap-counting allocator, the count of requests the emulator served,
+//! and the number of open files.
 
+// Each benchmark is its own crate and uses only part of this.
+#![allow(dead_code)]
+
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use tracing_subscriber::Layer;
 
 /// Counts live heap bytes.
 pub struct Counting;
@@ -31,4 +38,72 @@ unsafe impl std::alloc::GlobalAlloc for Counting {
 /// Live heap bytes now.
 pub fn live_bytes() -> u64 {
     LIVE.load(Ordering::Relaxed)
+}
+
+/// Kinds of request: object patches, status patches, event posts, other posts, gets (get, list,
+/// watch, discovery), anything else.
+pub const KINDS: [&str; 6] = ["patch", "status", "event", "post", "get", "other"];
+static REQUESTS: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
+
+/// Requests served so far, by kind (see [`KINDS`]).
+pub type Requests = [u64; 6];
+
+/// A tracing layer counting the emulator's `emulator request` events by kind; add it to the
+/// benchmark's subscriber.
+pub fn request_counter<S>() -> impl Layer<S>
+where
+    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
+{
+    let only_requests = tracing_subscriber::filter::Targets::new()
+        .with_target("kactor_emulator::server", tracing::Level::DEBUG);
+    RequestCounter.with_filter(only_requests)
+}
+
+struct RequestCounter;
+
+#[derive(Default)]
+struct Request {
+    method: String,
+    path: String,
+}
+
+impl tracing::field::Visit for Request {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
+        match field.name() {
+            "method" => self.method = format!("{value:?}"),
+            "path" => self.path = format!("{value:?}"),
+            _ => {}
+        }
+    }
+}
+
+impl<S: tracing::Subscriber> Layer<S> for RequestCounter {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut request = Request::default();
+        event.record(&mut request);
+        let kind = match request.method.as_str() {
+            "PATCH" if request.path.ends_with("/status") => 1,
+            "PATCH" => 0,
+            "POST" if request.path.contains("/events") => 2,
+            "POST" => 3,
+            "GET" => 4,
+            _ => 5,
+        };
+        REQUESTS[kind].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Requests served so far.
+pub fn requests_now() -> Requests {
+    std::array::from_fn(|kind| REQUESTS[kind].load(Ordering::Relaxed))
+}
+
+/// Files this process has open (each loopback connection holds two: the client's and the
+/// emulator's).
+pub fn open_files() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |dir| dir.count())
 }
