@@ -302,11 +302,12 @@ impl Actor for ResourceSupervisor {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         let config = &self.config;
+        let client = Arc::new(config.client.clone());
         let daemons = (!config.handlers.spawning.is_empty()).then(|| {
             Arc::new(DaemonEnv {
                 resource: config.resource.clone(),
                 handlers: config.handlers.clone(),
-                client: Arc::new(config.client.clone()),
+                client: client.clone(),
                 poster: config.poster.clone(),
                 limiter: config.limiter.clone(),
                 default_backoff: config.settings.execution.default_backoff,
@@ -324,7 +325,7 @@ impl Actor for ResourceSupervisor {
             config.resource.clone(),
             config.handlers.clone(),
             config.settings.clone(),
-            Arc::new(config.client.clone()),
+            client,
             config.poster.clone(),
             config.limiter.clone(),
         );

@@ -242,7 +242,7 @@ impl Processor {
         // object's life), and stopped as soon as the deletion starts.
         let mut daemons_wanted = false;
         let mut daemons_blocking = false;
-        if let (Some(view), Some((_, _, diff))) = (event.daemons.take(), &essence) {
+        if let (Some(view), Some((old, new, diff))) = (event.daemons.take(), &essence) {
             let deletion = deletion_ongoing || deleted;
             let wanted: Vec<usize> = if deletion {
                 Vec::new()
@@ -259,19 +259,13 @@ impl Processor {
             };
             daemons_wanted = !wanted.is_empty();
             daemons_blocking = view.blocking;
-            let essential_change = match &essence {
-                Some((Some(_), _, _)) => !diff.is_empty(),
+            let essential_change = if old.is_some() {
+                !diff.is_empty()
+            } else {
                 // No diff-base (Kopf resets the idle clock on every event then): compare with the
                 // essence of the previous event instead, so a timer's own status patch is quiet.
-                _ => {
-                    let hash = essence
-                        .as_ref()
-                        .map(|(_, new, _)| hash_of(new))
-                        .unwrap_or_default();
-                    let changed = memory.seen_essence != Some(hash);
-                    memory.seen_essence = Some(hash);
-                    changed
-                }
+                let hash = hash_of(new);
+                memory.seen_essence.replace(hash) != Some(hash)
             };
             (view.decide)(SpawnDecision {
                 wanted,
