@@ -7,9 +7,9 @@
 //! with 200 objects and a 2 s window instead.
 //!
 //! **Timers**: every object has `Timer::every(1 s)` with a handler that does nothing. From the
-//! operator's start until every timer has started (`DaemonObserver::started`) it prints the wall and
+//! operator's start until every timer has started (`Observer::daemon_started`) it prints the wall and
 //! CPU seconds; after a warm-up (every timer has run at least twice) it measures a window of steady
-//! state (≈ N calls per second): the timers' lateness (`DaemonObserver::timer_lateness`, the delay
+//! state (≈ N calls per second): the timers' lateness (`Observer::timer_lateness`, the delay
 //! between when a call was due and when it started: p50, p99, p99.9, max), the calls made, and the
 //! CPU used as a fraction of one core.
 //!
@@ -32,8 +32,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kactor::daemons::{DaemonObserver, SpawningKind};
+use kactor::daemons::SpawningKind;
 use kactor::emulator::{samples, Emulator};
+use kactor::observe::Observer as Observe;
 use kactor::prelude::*;
 use kube::api::{Api, DynamicObject, PostParams};
 use tokio::runtime::Runtime;
@@ -306,16 +307,16 @@ struct Observer {
     exited: AtomicUsize,
 }
 
-impl DaemonObserver for Observer {
-    fn started(&self, _resource: &Resource, _kind: SpawningKind) {
+impl Observe for Observer {
+    fn daemon_started(&self, _resource: &str, _kind: SpawningKind) {
         self.started.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn exited(&self, _resource: &Resource, _kind: SpawningKind) {
+    fn daemon_exited(&self, _resource: &str, _kind: SpawningKind) {
         self.exited.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn timer_lateness(&self, _resource: &Resource, _handler: &str, lateness: Duration) {
+    fn timer_lateness(&self, _resource: &str, _handler: &str, lateness: Duration) {
         LATENESS.record(lateness);
     }
 }
@@ -488,7 +489,7 @@ async fn timers(emulator_runtime: &Runtime, objects: usize, window: Duration) {
     // Calls per object, to know when every timer has run twice, and how evenly they run.
     let calls: Arc<Vec<AtomicU32>> = Arc::new((0..objects).map(|_| AtomicU32::new(0)).collect());
     let observer = Arc::new(Observer::default());
-    let operator = Operator::new().daemon_observer(observer.clone()).timer(
+    let operator = Operator::new().observer(observer.clone()).timer(
         RESOURCE,
         "tick",
         Timer::every(INTERVAL),
@@ -659,7 +660,7 @@ async fn daemons(emulator_runtime: &Runtime, objects: usize) {
 
     // The daemons.
     let heap_objects_again = heap_workers_stopped;
-    let operator = Operator::new().daemon_observer(observer.clone()).daemon(
+    let operator = Operator::new().observer(observer.clone()).daemon(
         RESOURCE,
         "idle",
         Daemon::new(),

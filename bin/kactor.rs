@@ -201,7 +201,7 @@ async fn print_events(resource: &str, run: kactor::cli::RunArgs) -> kactor::Resu
         tracing::warn!("{warning}");
     }
     Operator::new()
-        .scope(run.scope())
+        .with_args(&run)
         .on_event(resource, "print", |ctx: Ctx| async move {
             let object = match ctx.namespace() {
                 Some(namespace) => format!("{namespace}/{}", ctx.name()),

@@ -33,8 +33,7 @@ const IMPLICIT_CLUSTER_WIDE: &str = "no --namespace or --all-namespaces given: s
 
 /// The options of `run`, the command that runs the operator (Kopf's `kopf run`).
 ///
-/// Options for health (`-L/--liveness`) join this struct with the issue that brings it; build it
-/// through clap, not by a struct literal, to stay compatible with them.
+/// Build it through clap, not by a struct literal, to stay compatible with options added later.
 ///
 /// Two rules live in [`OperatorCli::parse_from`], not in clap's attributes (which would count values
 /// from the environment as given on the command line): `-n` with `-A` is a usage error, and the later
@@ -192,6 +191,16 @@ pub struct RunArgs {
     /// The Lease's namespace (default: POD_NAMESPACE, else `default`); only with --leader-election.
     #[arg(long, value_name = "NS", env = "KACTOR_LEASE_NAMESPACE")]
     pub lease_namespace: Option<String>,
+
+    /// Serve health and metrics at this URL, as Kopf's --liveness: e.g. http://0.0.0.0:8080/healthz.
+    ///
+    /// The path answers the liveness probe (Kopf's JSON of `on_probe` results; 500 and the failed
+    /// checks when a watch stream went deaf, the actors' thread or the runtime is stuck, or a probe
+    /// fails); the same server answers /healthz, /readyz (ready once startup handlers succeeded and
+    /// every watch stream listed) and /metrics (Prometheus). Off by default; http only; the host
+    /// defaults to localhost and the port to 80. Use 0.0.0.0 in a pod.
+    #[arg(short = 'L', long, value_name = "URL", env = "KACTOR_LIVENESS")]
+    pub liveness: Option<String>,
 }
 
 /// Which namespaces the operator serves.

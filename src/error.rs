@@ -38,6 +38,28 @@ pub enum Error {
     /// The leader election settings are invalid.
     #[error(transparent)]
     LeaderElection(#[from] kactor_peering::lease::LeaseError),
+    /// The `--liveness` URL is not one kactor can serve.
+    #[error("invalid liveness endpoint {url:?}: {reason}; expected http://HOST:PORT/PATH, e.g. http://0.0.0.0:8080/healthz")]
+    Liveness {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The health server could not listen.
+    #[error("cannot serve health and metrics on {addr}: {source}; choose another --liveness port")]
+    HealthServer {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A health check's name is taken or cannot be a path segment.
+    #[error(transparent)]
+    HealthCheck(#[from] kactor_health::CheckError),
+    /// A metric could not be registered (a name clash on the application's registry).
+    #[error("cannot register kactor's metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
     /// Logging could not be set up.
     #[error(transparent)]
     Logging(#[from] crate::logging::LoggingError),

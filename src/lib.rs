@@ -13,6 +13,7 @@ pub use kactor_emulator as emulator;
 
 pub mod cli;
 mod error;
+mod liveness;
 pub mod logging;
 mod operator;
 
@@ -38,9 +39,15 @@ pub mod prelude {
 }
 
 pub use kactor_reactor::{
-    causes, daemons, diffs, filters, handlers, lifecycles, patches, pausing, posting, resources,
-    settings,
+    causes, daemons, diffs, filters, handlers, lifecycles, observe, patches, pausing, posting,
+    resources, settings,
 };
+
+/// Health checks, probes and Prometheus metrics (re-exported from `kactor-health`).
+pub use kactor_health as health;
+
+/// The Prometheus client kactor's metrics are made with, to register the application's own.
+pub use prometheus;
 
 /// Peering with other operators (Kopf-compatible) and Lease-based leader election.
 pub use kactor_peering as peering;

@@ -24,18 +24,19 @@ use futures::FutureExt;
 use kactor_actors::supervisor::{Pause, ResourceSupervisor, Resume, Shutdown, SupervisorConfig};
 use kactor_actors::system::ActorSystem;
 use kactor_actors::tracker::Tracker;
+use kactor_health::{Check, HealthActor, HealthServer, HealthState, Metrics};
 use kactor_peering::lease::{LeaderElector, LeaseSettings};
 use kactor_peering::peering::{PeeringMode, PeeringSettings};
 use kactor_reactor::causes::Reason;
-use kactor_reactor::daemons::{
-    Daemon, DaemonObserver, NoObserver, Spawning, SpawningHandler, Timer,
-};
+use kactor_reactor::daemons::{Daemon, Spawning, SpawningHandler, Timer};
 use kactor_reactor::discovery::{self, ResolveError};
 use kactor_reactor::handlers::{
     handler_fn, Activity, ActivityCtx, ChangingHandler, Ctx, EventHandler, HandlerError,
-    HandlerResult, Memo, On, Registry, ResourceHandlers,
+    HandlerResult, Memo, On, Probe, Registry, ResourceHandlers,
 };
+use kactor_reactor::metered::metered;
 use kactor_reactor::namespaces::NamespacePatterns;
+use kactor_reactor::observe::{BoardEntry, Observer, Tee, WatchBoard};
 use kactor_reactor::pausing::PauseSwitch;
 use kactor_reactor::posting::EventPoster;
 use kactor_reactor::resources::{Resource, Selector};
@@ -72,7 +73,14 @@ pub struct Operator {
     peering: PeeringSettings,
     leader_election: Option<LeaseSettings>,
     identity: Option<String>,
-    observer: Arc<dyn DaemonObserver>,
+    /// kactor's Prometheus metrics (the first observer).
+    metrics: Arc<Metrics>,
+    /// The application's own observers, told everything the metrics are.
+    observers: Vec<Arc<dyn Observer>>,
+    /// `--liveness`: where health and metrics are served.
+    liveness: Option<String>,
+    liveness_checks: Vec<(String, Check)>,
+    readiness_checks: Vec<(String, Check)>,
 }
 
 impl Default for Operator {
@@ -94,7 +102,13 @@ impl Operator {
             peering: PeeringSettings::default(),
             leader_election: None,
             identity: None,
-            observer: Arc::new(NoObserver),
+            metrics: Arc::new(
+                Metrics::new().expect("kactor's metrics register on a fresh registry"),
+            ),
+            observers: Vec::new(),
+            liveness: None,
+            liveness_checks: Vec::new(),
+            readiness_checks: Vec::new(),
         }
     }
 
@@ -504,9 +518,106 @@ impl Operator {
         self
     }
 
-    /// Hooks for metrics of daemons and timers: how many run, and how late timers are.
-    pub fn daemon_observer(mut self, observer: Arc<dyn DaemonObserver>) -> Self {
-        self.observer = observer;
+    /// Adds an observer: it is told what the operator does (watch batches, handler runs, workers,
+    /// daemons and timers, API requests, pauses), as the Prometheus metrics are; for another
+    /// metrics system, or for tests. Its hooks run on hot paths: keep them cheap.
+    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observers.push(observer);
+        self
+    }
+
+    /// Serves health and metrics at this URL (Kopf's `--liveness`), e.g.
+    /// `http://0.0.0.0:8080/healthz`: its path answers the liveness probe, and the same server
+    /// answers `/healthz`, `/readyz` (with `/<check>` and `?verbose`) and `/metrics`.
+    ///
+    /// `/healthz` fails (500, naming the check and why) when a watch stream stays silent beyond
+    /// `health.silent_watch_timeout` (it went deaf and cannot reconnect), when the actors' thread or
+    /// the runtime misses heartbeats for `health.heartbeat_timeout` (a stuck actor, a handler blocking
+    /// an executor thread), or when a probe fails. `/readyz` is ready once the startup activities
+    /// succeeded and every watch stream has listed.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// let operator = Operator::new().liveness("http://0.0.0.0:8080/healthz");
+    /// ```
+    pub fn liveness(mut self, url: &str) -> Self {
+        self.liveness = Some(url.to_string());
+        self
+    }
+
+    /// kactor's metrics: register the application's own on [`Metrics::registry`], and they are
+    /// served at `/metrics` with kactor's.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// let operator = Operator::new();
+    /// let reconciled = prometheus::IntCounter::new("myop_reconciled_total", "Widgets reconciled").unwrap();
+    /// operator.metrics().registry().register(Box::new(reconciled.clone())).unwrap();
+    /// ```
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// Uses the application's Prometheus registry for kactor's metrics (they must not clash with
+    /// what it holds already; the process collector included).
+    pub fn metrics_registry(mut self, registry: prometheus::Registry) -> Result<Self> {
+        self.metrics = Arc::new(Metrics::with_registry(registry)?);
+        Ok(self)
+    }
+
+    /// Registers a probe (Kopf's `@kopf.on.probe`): when `/healthz` is asked, what it returns is its
+    /// entry in the answer's JSON (`{"<id>": <result>}`); results are reused for
+    /// `health.probe_cache` (10 s); its failure, or running beyond `health.probe_timeout`, fails
+    /// `/healthz`.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// let operator = Operator::new().on_probe("now", |_ctx: ActivityCtx| async move {
+    ///     Ok(json!(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()))
+    /// });
+    /// ```
+    pub fn on_probe<F, Fut, R>(mut self, id: &str, probe: F) -> Self
+    where
+        F: Fn(ActivityCtx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<R, HandlerError>> + Send + 'static,
+        R: serde::Serialize + 'static,
+    {
+        let probe = Arc::new(probe);
+        self.registry.probes.push(Probe {
+            id: id.to_string(),
+            func: Arc::new(move |ctx| {
+                let probe = probe.clone();
+                async move {
+                    let value = probe(ctx).await?;
+                    serde_json::to_value(value).map_err(|e| {
+                        HandlerError::msg(format!("the probe's result is not JSON: {e}"))
+                    })
+                }
+                .boxed()
+            }),
+        });
+        self
+    }
+
+    /// Adds a named liveness check (as controller-runtime's `AddHealthzCheck`): an error fails
+    /// `/healthz`, naming the check; `/healthz/<name>` asks it alone. It is called for every probe:
+    /// keep it cheap and non-blocking.
+    pub fn healthz_check<F>(mut self, name: &str, check: F) -> Self
+    where
+        F: Fn() -> std::result::Result<(), String> + Send + Sync + 'static,
+    {
+        self.liveness_checks
+            .push((name.to_string(), Arc::new(check) as Check));
+        self
+    }
+
+    /// Adds a named readiness check (as controller-runtime's `AddReadyzCheck`), on `/readyz`.
+    pub fn readyz_check<F>(mut self, name: &str, check: F) -> Self
+    where
+        F: Fn() -> std::result::Result<(), String> + Send + Sync + 'static,
+    {
+        self.readiness_checks
+            .push((name.to_string(), Arc::new(check) as Check));
         self
     }
 
@@ -566,6 +677,13 @@ impl Operator {
         if let Some(warning) = args.scope_warning() {
             tracing::warn!("{warning}");
         }
+        self.with_args(&args).run().await
+    }
+
+    /// Applies the options of `run` (scope, peering, priority, leader election, liveness), as
+    /// [`run_from_args`](Self::run_from_args) does, for a program that parses its own command line
+    /// with [`RunArgs`](crate::cli::RunArgs) flattened into it. Logging is the program's to set up.
+    pub fn with_args(self, args: &crate::cli::RunArgs) -> Self {
         let mut operator = self.scope(args.scope());
         if args.standalone {
             operator = operator.standalone();
@@ -573,6 +691,9 @@ impl Operator {
             operator = operator.peering(name);
         }
         operator = operator.priority(if args.dev { 666 } else { args.priority });
+        if let Some(url) = &args.liveness {
+            operator = operator.liveness(url);
+        }
         if operator.identity.is_none() {
             // One identity for the process, shared by peering and the lease (Kopf's, by default).
             operator = operator.identity(&kactor_peering::peering::identity());
@@ -599,7 +720,7 @@ impl Operator {
                 .unwrap_or_else(kactor_peering::peering::identity);
             operator = operator.leader_election(LeaseSettings::new(&name, &namespace, &identity));
         }
-        operator.run().await
+        operator
     }
 
     /// Runs until SIGINT or SIGTERM, then shuts down gracefully; a second signal returns at once.
@@ -625,9 +746,50 @@ impl Operator {
                 .await
                 .map_err(|e| Error::Credentials(discovery::one_line(&e.to_string())))?,
         };
+        let observer: Arc<dyn Observer> = if self.observers.is_empty() {
+            self.metrics.clone()
+        } else {
+            let mut all: Vec<Arc<dyn Observer>> = vec![self.metrics.clone()];
+            all.extend(self.observers.iter().cloned());
+            Arc::new(Tee(all))
+        };
+        // Every request of the operator is counted, whoever built the client.
+        let client = metered(client, observer.clone());
         let activity_ctx = ActivityCtx {
             memo: self.memo.clone(),
             client: client.clone(),
+        };
+        let watches = WatchBoard::new();
+        let health = HealthState::new(
+            &self.settings,
+            watches.clone(),
+            tokio::runtime::Handle::current(),
+        );
+        health.set_probes(self.registry.probes.clone(), activity_ctx.clone());
+        for (name, check) in &self.liveness_checks {
+            health.add_liveness_check(name, check.clone())?;
+        }
+        for (name, check) in &self.readiness_checks {
+            health.add_readiness_check(name, check.clone())?;
+        }
+        // Served from the start: during the startup activities, /readyz says why it is not ready.
+        let _server = match &self.liveness {
+            Some(url) => {
+                let endpoint = crate::liveness::endpoint(url)?;
+                let server = HealthServer::start(
+                    endpoint.addr,
+                    &endpoint.path,
+                    health.clone(),
+                    self.metrics.clone(),
+                )
+                .map_err(|source| Error::HealthServer {
+                    addr: endpoint.addr,
+                    source,
+                })?;
+                tracing::info!(address = %server.local_addr(), path = %endpoint.path, "serving health and metrics");
+                Some(server)
+            }
+            None => None,
         };
         for activity in &self.registry.startup {
             tracing::debug!(activity = %activity.id, "running the startup activity");
@@ -638,9 +800,11 @@ impl Operator {
                 });
             }
         }
-        let coordination = Coordination::start(&self, &client)?;
-        let mut orchestra = Orchestra::new(&self, client.clone()).await?;
-        orchestra.serve(stop).await?;
+        let coordination = Coordination::start(&self, &client, &observer)?;
+        let mut orchestra = Orchestra::new(&self, client.clone(), observer, watches).await?;
+        orchestra.start_health(health.clone()).await?;
+        // Ready once the supervisors exist (each then waits for its listing).
+        orchestra.serve(stop, || health.startup_done()).await?;
         let ultimate = self.settings.process.ultimate_exiting_timeout;
         let graceful = async {
             orchestra.shutdown(&self.registry, activity_ctx).await;
@@ -663,7 +827,11 @@ struct Coordination {
 }
 
 impl Coordination {
-    fn start(operator: &Operator, client: &kube::Client) -> Result<Self> {
+    fn start(
+        operator: &Operator,
+        client: &kube::Client,
+        observer: &Arc<dyn Observer>,
+    ) -> Result<Self> {
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let until_stopped = move || {
             let mut stopped = stopped.clone();
@@ -681,6 +849,16 @@ impl Coordination {
             // The elector pauses the operator as it is made, before anything could be watched.
             let elector =
                 LeaderElector::new(client.clone(), lease.clone(), operator.switch.clone());
+            // leader_election_master_status{name}: 0 from the start, then every change.
+            let mut leading = elector.is_leader();
+            let (observer, name) = (observer.clone(), lease.name.clone());
+            observer.leadership(&name, false);
+            tasks.push(tokio::spawn(async move {
+                while leading.changed().await.is_ok() {
+                    let now = *leading.borrow_and_update();
+                    observer.leadership(&name, now);
+                }
+            }));
             let stopped = until_stopped();
             tasks.push(tokio::spawn(async move {
                 if let Err(error) = elector.run(stopped).await {
@@ -802,7 +980,13 @@ struct Orchestra {
     limiter: Arc<Semaphore>,
     tracker: Arc<Tracker>,
     daemon_tracker: Arc<Tracker>,
-    observer: Arc<dyn DaemonObserver>,
+    observer: Arc<dyn Observer>,
+    /// The watch streams' health, for `/healthz` and `/readyz`.
+    watches: WatchBoard,
+    /// The operator's own streams (namespaces, CRDs) on the board.
+    own_watches: Vec<BoardEntry>,
+    /// The health actor (kept to keep it beating).
+    health: Option<Addr<HealthActor>>,
     poster: EventPoster,
     targets: Vec<Target>,
     served: Served,
@@ -815,7 +999,12 @@ struct Orchestra {
 }
 
 impl Orchestra {
-    async fn new(operator: &Operator, client: kube::Client) -> Result<Self> {
+    async fn new(
+        operator: &Operator,
+        client: kube::Client,
+        observer: Arc<dyn Observer>,
+        watches: WatchBoard,
+    ) -> Result<Self> {
         let resources = discovery::scan(&client).await?;
         let mut targets = Vec::new();
         for selector in operator.registry.selectors() {
@@ -855,7 +1044,10 @@ impl Orchestra {
             )),
             tracker: Arc::new(Tracker::default()),
             daemon_tracker: Arc::new(Tracker::default()),
-            observer: operator.observer.clone(),
+            observer,
+            watches,
+            own_watches: Vec::new(),
+            health: None,
             poster,
             targets,
             served,
@@ -866,25 +1058,45 @@ impl Orchestra {
         })
     }
 
-    fn watcher_for(&self, group: &str, plural: &str, label: &str) -> Option<Watcher> {
+    /// Starts the health actor on the actors' thread: its heartbeats prove the thread is not stuck.
+    async fn start_health(&mut self, state: Arc<HealthState>) -> Result<()> {
+        self.health = Some(
+            self.actors
+                .start_actor(move || HealthActor::new(state))
+                .await?,
+        );
+        Ok(())
+    }
+
+    /// A watcher of the operator's own (namespaces, CRDs), on the health board while it lives.
+    fn watcher_for(&mut self, group: &str, plural: &str, label: &str) -> Option<Watcher> {
         let resource = self
             .resources
             .iter()
             .find(|r| r.group == group && r.plural == plural && r.preferred)?;
         let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource.api_resource());
-        Some(Watcher::new(
+        let watcher = Watcher::new(
             api,
             label,
             self.settings.watching.clone(),
             self.settings.networking.clone(),
-        ))
+        )
+        .observed(self.observer.clone(), resource.to_string());
+        self.own_watches
+            .push(self.watches.register(label, watcher.status()));
+        Some(watcher)
     }
 
     /// Serves until `stop`: starts the supervisors, then follows namespaces and CRDs.
-    async fn serve(&mut self, stop: impl Future<Output = ()> + Send) -> Result<()> {
+    async fn serve(
+        &mut self,
+        stop: impl Future<Output = ()> + Send,
+        started: impl FnOnce() + Send,
+    ) -> Result<()> {
         // Subscribe before the first supervisor starts: no change of the switch can fall in between.
         let mut pauses = self.switch.subscribe();
         self.paused = !pauses.borrow_and_update().is_empty();
+        self.observer.paused(self.paused);
         if self.paused {
             tracing::info!(reasons = ?self.switch.reasons(), "Starting paused.");
         }
@@ -898,6 +1110,8 @@ impl Orchestra {
             "customresourcedefinitions",
             "customresourcedefinitions",
         );
+        // Every stream readiness waits for is on the board now.
+        started();
         tokio::pin!(stop);
         loop {
             let namespace_batch = async {
@@ -953,6 +1167,7 @@ impl Orchestra {
 
     /// Pauses every supervisor (streams stop, memories stay) or resumes them (they list again).
     fn pause_all(&self, paused: bool, reasons: &std::collections::BTreeMap<String, String>) {
+        self.observer.paused(paused);
         if paused {
             let why: Vec<&str> = reasons.values().map(String::as_str).collect();
             tracing::info!("Pausing operations: {}.", why.join("; "));
@@ -1081,6 +1296,7 @@ impl Orchestra {
                 tracker: self.tracker.clone(),
                 daemon_tracker: self.daemon_tracker.clone(),
                 observer: self.observer.clone(),
+                watches: self.watches.clone(),
                 start_paused: self.paused,
             };
             let supervisor = self

@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use kactor::daemons::{DaemonObserver, SpawningKind};
+use kactor::daemons::SpawningKind;
 use kactor::emulator::samples;
+use kactor::observe::Observer;
 use kactor::prelude::*;
-use kactor::resources::Resource;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::Value;
 use support::*;
@@ -127,12 +127,12 @@ struct Counting {
     exited: AtomicUsize,
 }
 
-impl DaemonObserver for Counting {
-    fn started(&self, _: &Resource, _: SpawningKind) {
+impl Observer for Counting {
+    fn daemon_started(&self, _: &str, _: SpawningKind) {
         self.started.fetch_add(1, Ordering::SeqCst);
     }
 
-    fn exited(&self, _: &Resource, _: SpawningKind) {
+    fn daemon_exited(&self, _: &str, _: SpawningKind) {
         self.exited.fetch_add(1, Ordering::SeqCst);
     }
 }
@@ -563,7 +563,7 @@ async fn stopping_the_operator_stops_daemons_with_operator_exiting_and_waits_for
     let running = spawn(
         operator(&emulator)
             .settings(|s| s.queueing.exit_timeout = WAIT)
-            .daemon_observer(observer.clone())
+            .observer(observer.clone())
             .daemon(WIDGETS, "d", Daemon::new(), probe.handler()),
     );
     create(&widgets, "w1", 1).await;

@@ -35,11 +35,12 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use jiff::Timestamp;
 use kactor_reactor::daemons::{
-    Cancellation, DaemonObserver, Live, Spawning, SpawningHandler, StopReason, Stopped, Stopper,
+    Cancellation, Live, Spawning, SpawningHandler, SpawningKind, StopReason, Stopped, Stopper,
     Timer,
 };
 use kactor_reactor::execution::{execute_once, Invocation};
 use kactor_reactor::handlers::{Attempt, Ctx, Memo, ResourceHandlers};
+use kactor_reactor::observe::Observer;
 use kactor_reactor::patches::{self, Applied, ApplyError, Changes, Patch};
 use kactor_reactor::posting::EventPoster;
 use kactor_reactor::processing::{deliver_result, SpawnDecision};
@@ -113,7 +114,9 @@ pub struct DaemonEnv {
     /// Where patches go.
     pub sink: Arc<dyn PatchSink>,
     /// Hooks for metrics.
-    pub observer: Arc<dyn DaemonObserver>,
+    pub observer: Arc<dyn Observer>,
+    /// The resource as metrics label it (kubectl's form).
+    pub label: Arc<str>,
     /// The runtime the tasks run on.
     pub runtime: Handle,
     /// The daemon and timer tasks in flight.
@@ -340,7 +343,7 @@ impl ObjectDaemons {
             index,
             generation,
         };
-        env.observer.started(&env.resource, handler.kind());
+        env.observer.daemon_started(&env.label, handler.kind());
         let span = tracing::info_span!(parent: &self.span, "daemon", handler = %handler.id);
         let task = async move {
             let _guard = guard;
@@ -449,7 +452,7 @@ impl Drop for ExitGuard {
     fn drop(&mut self) {
         self.stopper.stop(StopReason::Done);
         let kind = self.env.handlers.spawning[self.index].kind();
-        self.env.observer.exited(&self.env.resource, kind);
+        self.env.observer.daemon_exited(&self.env.label, kind);
         (self.report)(Report::Exited {
             index: self.index,
             generation: self.generation,
@@ -567,7 +570,7 @@ impl Job {
             let lateness = started.saturating_duration_since(due);
             self.env
                 .observer
-                .timer_lateness(&self.env.resource, &self.handler().id, lateness);
+                .timer_lateness(&self.env.label, &self.handler().id, lateness);
             let outcome = self.attempt(&patch, &mut streak).await;
             drop(permit);
             self.flush(&patch).await;
@@ -630,6 +633,10 @@ impl Job {
             timeout: handler.options.timeout,
             retries: handler.options.retries,
             post_events: false,
+            resource: &self.env.label,
+            observer: &*self.env.observer,
+            // A timer's call is a handler run like any other; a daemon lives on (its own gauge).
+            active: handler.kind() == SpawningKind::Timer,
         };
         let ctx = self.ctx(patch).with_attempt(Attempt {
             id: handler.id.as_str().into(),

@@ -22,13 +22,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
-use kactor_reactor::daemons::DaemonObserver;
 use kactor_reactor::handlers::{Memo, ResourceHandlers};
+use kactor_reactor::observe::{BoardEntry, Observer, WatchBoard};
 use kactor_reactor::posting::EventPoster;
 use kactor_reactor::processing::{ObjectMemory, Processor};
 use kactor_reactor::resources::Resource;
 use kactor_reactor::settings::Settings;
-use kactor_reactor::watching::{EventType, WatchError, WatchItem, Watcher};
+use kactor_reactor::watching::{EventType, WatchError, WatchItem, WatchStatus, Watcher};
 use kube::api::{Api, DynamicObject, ObjectMeta};
 use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
@@ -63,8 +63,10 @@ pub struct SupervisorConfig {
     pub tracker: Arc<Tracker>,
     /// The daemon and timer tasks in flight.
     pub daemon_tracker: Arc<Tracker>,
-    /// Hooks for metrics of daemons and timers.
-    pub observer: Arc<dyn DaemonObserver>,
+    /// Hooks for metrics.
+    pub observer: Arc<dyn Observer>,
+    /// Where the watch stream's health is shown (for `/healthz` and `/readyz`).
+    pub watches: WatchBoard,
     /// Start without watching (the operator is paused); a [`Resume`] starts the stream.
     pub start_paused: bool,
 }
@@ -140,6 +142,12 @@ pub struct ResourceSupervisor {
     /// Counts the streams started: what an earlier (aborted) stream still had in flight is dropped.
     generation: u64,
     shared: Option<Arc<WorkerShared>>,
+    /// The stream's health, across the streams of pauses and resumes.
+    status: Arc<WatchStatus>,
+    /// The stream's place on the board, while the supervisor runs.
+    entry: Option<BoardEntry>,
+    /// The resource as metrics label it.
+    resource_label: Arc<str>,
 }
 
 impl ResourceSupervisor {
@@ -149,7 +157,13 @@ impl ResourceSupervisor {
             Some(namespace) => format!("{} in {namespace}", config.resource),
             None => config.resource.to_string(),
         };
+        // On the board from the start: readiness waits for this stream's listing as soon as the
+        // supervisor exists, not only once it started.
+        let status = Arc::new(WatchStatus::new());
+        status.set_paused(config.start_paused);
+        let entry = Some(config.watches.register(label.as_str(), status.clone()));
         ResourceSupervisor {
+            resource_label: Arc::from(config.resource.to_string()),
             config,
             label,
             records: HashMap::new(),
@@ -157,6 +171,8 @@ impl ResourceSupervisor {
             watch: None,
             generation: 0,
             shared: None,
+            status,
+            entry,
         }
     }
 
@@ -230,7 +246,10 @@ impl ResourceSupervisor {
             self.label.clone(),
             config.settings.watching.clone(),
             config.settings.networking.clone(),
-        );
+        )
+        .observed(config.observer.clone(), self.resource_label.clone())
+        .with_status(self.status.clone());
+        self.status.set_paused(false);
         self.listing.clear();
         self.generation += 1;
         let generation = self.generation;
@@ -317,6 +336,7 @@ impl Actor for ResourceSupervisor {
                     backoffs: config.settings.networking.error_backoffs.clone(),
                 }),
                 observer: config.observer.clone(),
+                label: self.resource_label.clone(),
                 runtime: config.runtime.clone(),
                 tracker: config.daemon_tracker.clone(),
             })
@@ -328,7 +348,8 @@ impl Actor for ResourceSupervisor {
             client,
             config.poster.clone(),
             config.limiter.clone(),
-        );
+        )
+        .observed(config.observer.clone());
         self.shared = Some(Arc::new(WorkerShared {
             processor: Arc::new(processor),
             runtime: config.runtime.clone(),
@@ -350,6 +371,7 @@ impl Actor for ResourceSupervisor {
         if let Some(watch) = self.watch.take() {
             watch.abort();
         }
+        self.entry = None;
         for record in self.records.values_mut() {
             if let Some(worker) = record.worker.take() {
                 worker.do_send(Stop);
@@ -426,6 +448,7 @@ impl Handler<Pause> for ResourceSupervisor {
             watch.abort();
             tracing::debug!(supervisor = %self.label, "paused");
         }
+        self.status.set_paused(true);
         // Nothing is touched while paused: workers drop their scheduled retries and touches, and
         // stop their daemons and timers; such objects are dispatched again by the listing after
         // the resume (see `route`), and idle workers stop as usual meanwhile.

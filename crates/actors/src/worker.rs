@@ -392,7 +392,14 @@ fn lock(memory: &Mutex<ObjectMemory>) -> std::sync::MutexGuard<'_, ObjectMemory>
 impl Actor for ObjectWorker {
     type Context = Context<Self>;
 
+    fn started(&mut self, _: &mut Context<Self>) {
+        let processor = &self.shared.processor;
+        processor.observer.workers_changed(&processor.label, 1);
+    }
+
     fn stopped(&mut self, _: &mut Context<Self>) {
+        let processor = &self.shared.processor;
+        processor.observer.workers_changed(&processor.label, -1);
         // What ended on its own stays ended for the next worker of the object. A worker stops only
         // between cycles, so the memory is in its slot.
         if let Some(daemons) = &self.daemons {
@@ -419,7 +426,10 @@ impl Handler<Deliver> for ObjectWorker {
         if self.busy || self.throttled {
             // Coalesce: the next cycle sees the newest body. A deletion is always the newest event.
             self.last_seq = self.last_seq.max(event.seq);
-            self.pending = Some(event);
+            if self.pending.replace(event).is_some() {
+                let processor = &self.shared.processor;
+                processor.observer.events_coalesced(&processor.label, 1);
+            }
         } else {
             // Ends an idle wait, a retry sleep or a consistency wait at once.
             self.start_cycle(event, ctx);

@@ -9,10 +9,9 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use kactor_actors::daemons::{DaemonEnv, ObjectDaemons, PatchSink, Report, Stage};
 use kactor_actors::tracker::Tracker;
-use kactor_reactor::daemons::{
-    Daemon, DaemonObserver, Spawning, SpawningHandler, SpawningKind, StopReason, Timer,
-};
+use kactor_reactor::daemons::{Daemon, Spawning, SpawningHandler, SpawningKind, StopReason, Timer};
 use kactor_reactor::handlers::{handler_fn, Ctx, HandlerError, Memo, Options, ResourceHandlers};
+use kactor_reactor::observe::Observer;
 use kactor_reactor::patches::{Applied, ApplyError, Changes};
 use kactor_reactor::posting::EventPoster;
 use kactor_reactor::processing::SpawnDecision;
@@ -90,14 +89,14 @@ struct Observed {
     lateness: Mutex<Vec<Duration>>,
 }
 
-impl DaemonObserver for Observed {
-    fn started(&self, _: &Resource, _: SpawningKind) {
+impl Observer for Observed {
+    fn daemon_started(&self, _: &str, _: SpawningKind) {
         self.started.fetch_add(1, Ordering::SeqCst);
     }
-    fn exited(&self, _: &Resource, _: SpawningKind) {
+    fn daemon_exited(&self, _: &str, _: SpawningKind) {
         self.exited.fetch_add(1, Ordering::SeqCst);
     }
-    fn timer_lateness(&self, _: &Resource, _: &str, lateness: Duration) {
+    fn timer_lateness(&self, _: &str, _: &str, lateness: Duration) {
         self.lateness.lock().unwrap().push(lateness);
     }
 }
@@ -184,6 +183,7 @@ impl Harness {
             default_backoff: Duration::from_secs(60),
             sink: sink.clone(),
             observer: observed.clone(),
+            label: Arc::from("widgets.v1.example.com"),
             runtime: tokio::runtime::Handle::current(),
             tracker: tracker.clone(),
         });

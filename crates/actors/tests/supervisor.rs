@@ -64,7 +64,8 @@ async fn idle_workers_stop_but_every_objects_record_stays() {
         limiter: Arc::new(Semaphore::new(8)),
         tracker: Arc::new(Tracker::default()),
         daemon_tracker: Arc::new(Tracker::default()),
-        observer: Arc::new(kactor_reactor::daemons::NoObserver),
+        observer: Arc::new(kactor_reactor::observe::NoObserver),
+        watches: kactor_reactor::observe::WatchBoard::new(),
         start_paused: false,
     };
     let actors = ActorSystem::start().unwrap();

@@ -11,7 +11,7 @@
 //! Both hold the object's finalizer while they may run, and both store their results in
 //! `status.<id>` and send their patches after each run. Running them is `kactor-actors`' job (the
 //! object's worker owns them); this module has the domain: the options, the stop reasons and signal,
-//! and the hooks for metrics ([`DaemonObserver`]).
+//! (their metrics go through [`crate::observe::Observer`]).
 
 use std::fmt;
 use std::sync::Arc;
@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use crate::filters::Filters;
 use crate::handlers::{Ctx, HandlerFn, Options};
-use crate::resources::{Resource, Selector};
+use crate::resources::Selector;
 use crate::watching::EventType;
 
 /// Why a daemon or timer is stopping (Kopf's `DaemonStoppingReason`). Several can hold at once.
@@ -517,24 +517,6 @@ impl fmt::Display for SpawningHandler {
         }
     }
 }
-
-/// Hooks for metrics: what daemons and timers do. Every method has an empty default.
-pub trait DaemonObserver: Send + Sync {
-    /// A daemon or timer of `resource` started.
-    fn started(&self, _resource: &Resource, _kind: SpawningKind) {}
-
-    /// A daemon or timer of `resource` ended (or was abandoned).
-    fn exited(&self, _resource: &Resource, _kind: SpawningKind) {}
-
-    /// A timer's call started `lateness` after it was due.
-    fn timer_lateness(&self, _resource: &Resource, _handler: &str, _lateness: Duration) {}
-}
-
-/// The observer that observes nothing.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct NoObserver;
-
-impl DaemonObserver for NoObserver {}
 
 #[cfg(test)]
 mod tests {

@@ -15,11 +15,12 @@
 //! as Kubernetes Events about the object.
 
 use std::panic::AssertUnwindSafe;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 
 use crate::handlers::{Ctx, ErrorsMode, HandlerError, HandlerFn};
+use crate::observe::{ActiveHandler, HandlerRun, Observer};
 use crate::progression::Outcome;
 
 /// What to run, and how to treat what comes out.
@@ -38,6 +39,13 @@ pub struct Invocation<'a> {
     pub retries: Option<u32>,
     /// Post the outcome as a Kubernetes Event (changing handlers; never `on_event`).
     pub post_events: bool,
+    /// The resource, as metrics label it (kubectl's form).
+    pub resource: &'a str,
+    /// Where the attempt is counted (metrics).
+    pub observer: &'a dyn Observer,
+    /// Whether it counts as an active handler while it runs (not daemons: they have their own
+    /// gauge, and would fill this one forever).
+    pub active: bool,
 }
 
 /// How an attempt ended, for metrics and logs.
@@ -55,8 +63,48 @@ pub enum Verdict {
     Timeout,
 }
 
-/// Runs one attempt: `attempts` came before it, `runtime` passed since the first one.
+impl Verdict {
+    /// The metric label: `success`, `temporary`, `permanent`, `ignored`, `timeout`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Success => "success",
+            Verdict::Temporary => "temporary",
+            Verdict::Permanent => "permanent",
+            Verdict::Ignored => "ignored",
+            Verdict::Timeout => "timeout",
+        }
+    }
+}
+
+/// Runs one attempt: `attempts` came before it, `runtime` passed since the first one. The attempt is
+/// counted by the invocation's observer (active while it runs, then its verdict and duration).
 pub async fn execute_once(
+    handler: &Invocation<'_>,
+    ctx: Ctx,
+    attempts: u32,
+    runtime: Duration,
+) -> (Outcome, Verdict) {
+    let active = handler
+        .active
+        .then(|| ActiveHandler::start(handler.observer));
+    let started = Instant::now();
+    let (outcome, verdict) = attempt(handler, ctx, attempts, runtime).await;
+    let run = HandlerRun {
+        resource: handler.resource,
+        handler: handler.id,
+        verdict,
+        attempt: attempts,
+        duration: started.elapsed(),
+        active: handler.active,
+    };
+    match active {
+        Some(active) => active.finish(&run),
+        None => handler.observer.handler_finished(&run),
+    }
+    (outcome, verdict)
+}
+
+async fn attempt(
     handler: &Invocation<'_>,
     ctx: Ctx,
     attempts: u32,
@@ -285,6 +333,9 @@ mod tests {
             timeout: None,
             retries: None,
             post_events: false,
+            resource: "widgets.v1.example.com",
+            observer: &crate::observe::NoObserver,
+            active: true,
         }
     }
 

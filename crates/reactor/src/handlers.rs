@@ -574,6 +574,10 @@ where
 /// A startup or cleanup activity function.
 pub type ActivityFn = Arc<dyn Fn(ActivityCtx) -> BoxFuture<'static, HandlerResult> + Send + Sync>;
 
+/// A probe function: what it returns is its entry in the liveness JSON.
+pub type ProbeFn =
+    Arc<dyn Fn(ActivityCtx) -> BoxFuture<'static, Result<Value, HandlerError>> + Send + Sync>;
+
 /// A registered `on_event` handler.
 #[derive(Clone)]
 pub struct EventHandler {
@@ -791,6 +795,16 @@ pub struct Activity {
     pub func: ActivityFn,
 }
 
+/// A registered probe (Kopf's `@kopf.on.probe`): its result is its entry, `{"<id>": <result>}`, in
+/// the JSON that `/healthz` answers with; its failure fails `/healthz`.
+#[derive(Clone)]
+pub struct Probe {
+    /// The probe's id.
+    pub id: String,
+    /// The function.
+    pub func: ProbeFn,
+}
+
 /// The handlers of one resource, as its supervisor and workers use them.
 #[derive(Clone, Default)]
 pub struct ResourceHandlers {
@@ -843,6 +857,8 @@ pub struct Registry {
     pub startup: Vec<Activity>,
     /// `on_cleanup` activities, run in order after everything stopped.
     pub cleanup: Vec<Activity>,
+    /// `on_probe` handlers, run (concurrently) when `/healthz` is asked and their results are stale.
+    pub probes: Vec<Probe>,
 }
 
 impl Registry {

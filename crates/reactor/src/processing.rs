@@ -41,6 +41,7 @@ use crate::execution::{execute_once, Invocation};
 use crate::finalizers;
 use crate::handlers::{Attempt, ChangingHandler, Ctx, ErrorsMode, Memo, ResourceHandlers};
 use crate::keys::KeyForming;
+use crate::observe::{NoObserver, Observer};
 use crate::patches::{self, ApplyError, Patch, PatchFn};
 use crate::posting::EventPoster;
 use crate::progress::ProgressStorage;
@@ -70,6 +71,10 @@ pub struct Processor {
     pub poster: EventPoster,
     /// The global limit of concurrently running handlers.
     pub limiter: Arc<Semaphore>,
+    /// Where handler runs are counted (metrics).
+    pub observer: Arc<dyn Observer>,
+    /// The resource as metrics label it (kubectl's form).
+    pub label: Arc<str>,
     progress: ProgressStorage,
     diffbase: DiffBaseStorage,
     extra_fields: Vec<Vec<String>>,
@@ -187,6 +192,8 @@ impl Processor {
         };
         let extra_fields = handlers.extra_fields();
         Processor {
+            observer: Arc::new(NoObserver),
+            label: Arc::from(resource.to_string()),
             resource,
             handlers,
             settings,
@@ -197,6 +204,12 @@ impl Processor {
             diffbase,
             extra_fields,
         }
+    }
+
+    /// Counts handler runs with `observer`.
+    pub fn observed(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = observer;
+        self
     }
 
     /// Runs one cycle (see the module's documentation).
@@ -457,6 +470,9 @@ impl Processor {
                 timeout: None,
                 retries: None,
                 post_events: false,
+                resource: &self.label,
+                observer: &*self.observer,
+                active: true,
             };
             let ctx = base.clone().with_attempt(Attempt {
                 id: handler.id.as_str().into(),
@@ -565,6 +581,9 @@ impl Processor {
                         timeout: handler.options.timeout,
                         retries: handler.options.retries,
                         post_events: true,
+                        resource: &self.label,
+                        observer: &*self.observer,
+                        active: true,
                     };
                     let Ok(_permit) = self.limiter.acquire().await else {
                         break;

@@ -21,6 +21,8 @@ pub struct Settings {
     pub persistence: Persistence,
     /// Kubernetes Events about objects.
     pub posting: crate::posting::PostingSettings,
+    /// What `/healthz` counts as unhealthy, and how probes and metrics are served (kactor).
+    pub health: Health,
 }
 
 /// `settings.watching`.
@@ -159,6 +161,41 @@ impl Default for Process {
     fn default() -> Self {
         Process {
             ultimate_exiting_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// `settings.health` (kactor; Kopf's liveness endpoint only proves that its reporter task runs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Health {
+    /// A watch stream that showed no life (no event, no bookmark, no answered request) for this
+    /// long while not paused fails `/healthz`. A quiet but healthy stream shows life at least every
+    /// `watching.inactivity_timeout` (70 s), when it reconnects; so the default, 120 s, means that
+    /// reconnecting has failed for 50 s. Kept above the inactivity timeout whatever is set.
+    pub silent_watch_timeout: Duration,
+    /// The actors' thread, or the runtime (as a whole, or one of its worker threads stuck in one
+    /// poll), that does not answer a heartbeat for this long fails `/healthz`. Default 10 s.
+    pub heartbeat_timeout: Duration,
+    /// How often heartbeats are sent and executor threads sampled. Default 1 s.
+    pub heartbeat_interval: Duration,
+    /// How long probe handlers' results (successes and failures) are reused (Kopf: 10 s).
+    pub probe_cache: Duration,
+    /// The longest one probe handler may run before it counts as failed. Default 10 s.
+    pub probe_timeout: Duration,
+    /// How long one rendering of `/metrics` is reused, so that a burst of scrapes costs the operator
+    /// one rendering per period. Default 1 s; zero renders every scrape.
+    pub metrics_cache: Duration,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Health {
+            silent_watch_timeout: Duration::from_secs(120),
+            heartbeat_timeout: Duration::from_secs(10),
+            heartbeat_interval: Duration::from_secs(1),
+            probe_cache: Duration::from_secs(10),
+            probe_timeout: Duration::from_secs(10),
+            metrics_cache: Duration::from_secs(1),
         }
     }
 }

@@ -31,6 +31,7 @@ use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use kube::api::{Api, DynamicObject, ListParams, WatchEvent, WatchParams};
 
+use crate::observe::{NoObserver, Observer};
 use crate::settings::{Networking, Watching};
 
 /// What happened to an object, as a watch stream tells it.
@@ -114,9 +115,18 @@ pub struct WatchStatus {
     received: AtomicU64,
     /// The failure the watcher could not recover from within its backoffs, while it lasts.
     failing: Mutex<Option<String>>,
+    /// Whether the stream is stopped on purpose (the operator is paused): silence is no failure.
+    paused: AtomicBool,
 }
 
 impl WatchStatus {
+    /// A status whose silence clock starts now.
+    pub fn new() -> Self {
+        let status = WatchStatus::default();
+        status.touch();
+        status
+    }
+
     fn touch(&self) {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -134,7 +144,21 @@ impl WatchStatus {
         *self.failing.lock().unwrap_or_else(|p| p.into_inner()) = failure;
     }
 
-    /// How long ago the stream last showed life.
+    /// Marks the stream as stopped on purpose (the operator paused) or running again. Resuming
+    /// restarts the silence clock: the time spent paused is not silence.
+    pub fn set_paused(&self, paused: bool) {
+        if !paused {
+            self.touch();
+        }
+        self.paused.store(paused, Ordering::Relaxed);
+    }
+
+    /// Whether the stream is stopped on purpose.
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::Relaxed)
+    }
+
+    /// How long ago the stream last showed life (a response, an event, a bookmark).
     pub fn idle_for(&self) -> Duration {
         let last = self.last_activity_ms.load(Ordering::Relaxed);
         let now = SystemTime::now()
@@ -232,6 +256,28 @@ pub struct Watcher {
     status: Arc<WatchStatus>,
     /// Consecutive failures, indexing `networking.error_backoffs`.
     failures: usize,
+    /// Where counts go (metrics).
+    tell: Tell,
+}
+
+/// Where a watcher's counts go: its status and the observer, under the resource's label.
+struct Tell {
+    observer: Arc<dyn Observer>,
+    resource: Arc<str>,
+}
+
+impl Tell {
+    fn restarted(&self, status: &WatchStatus, reason: RestartReason) {
+        status.restarted(reason);
+        self.observer.watch_restarted(&self.resource, reason);
+    }
+
+    fn received(&self, status: &WatchStatus, count: usize) {
+        status.received.fetch_add(count as u64, Ordering::Relaxed);
+        if count > 0 {
+            self.observer.events_received(&self.resource, count);
+        }
+    }
 }
 
 impl Watcher {
@@ -249,9 +295,30 @@ impl Watcher {
             watching,
             networking,
             state: State::Empty,
-            status: Arc::default(),
+            status: Arc::new(WatchStatus::new()),
             failures: 0,
+            tell: Tell {
+                observer: Arc::new(NoObserver),
+                resource: Arc::from(""),
+            },
         }
+    }
+
+    /// Reports to `observer`, under the resource label `resource` (kubectl's form).
+    pub fn observed(mut self, observer: Arc<dyn Observer>, resource: impl Into<Arc<str>>) -> Self {
+        self.tell = Tell {
+            observer,
+            resource: resource.into(),
+        };
+        self
+    }
+
+    /// Keeps its health in `status` (shared by the streams one owner runs one after another, so that
+    /// "listed once" and the silence clock outlive a pause).
+    pub fn with_status(mut self, status: Arc<WatchStatus>) -> Self {
+        status.touch();
+        self.status = status;
+        self
     }
 
     /// Only objects with these labels (a server-side label selector).
@@ -295,9 +362,7 @@ impl Watcher {
                                 .unwrap_or_default();
                             let mut items: Vec<WatchItem> =
                                 page.items.into_iter().map(WatchItem::Listed).collect();
-                            self.status
-                                .received
-                                .fetch_add(items.len() as u64, Ordering::Relaxed);
+                            self.tell.received(&self.status, items.len());
                             match page.metadata.continue_.filter(|c| !c.is_empty()) {
                                 Some(token) => {
                                     self.state = State::Listing {
@@ -315,7 +380,7 @@ impl Watcher {
                         }
                         Err(error) if status_of(&error).is_some_and(|(code, _)| code == 410) => {
                             tracing::info!(watcher = %self.label, "the listing expired (410 Gone); listing again");
-                            self.status.restarted(RestartReason::Relist410);
+                            self.tell.restarted(&self.status, RestartReason::Relist410);
                             self.state = State::Empty;
                         }
                         Err(error) => self.failed(error).await?,
@@ -340,7 +405,7 @@ impl Watcher {
                             };
                         }
                         Err(error) if status_of(&error).is_some_and(|(code, _)| code == 410) => {
-                            self.status.restarted(RestartReason::Relist410);
+                            self.tell.restarted(&self.status, RestartReason::Relist410);
                             self.state = State::Empty;
                         }
                         Err(error) => self.failed(error).await?,
@@ -357,12 +422,12 @@ impl Watcher {
                     let first = match first {
                         Err(_) => {
                             tracing::warn!(watcher = %self.label, timeout = ?self.watching.inactivity_timeout, "no event or bookmark within the inactivity timeout; reconnecting");
-                            self.status.restarted(RestartReason::Inactivity);
+                            self.tell.restarted(&self.status, RestartReason::Inactivity);
                             self.state = State::Listed { rv: rv.clone() };
                             continue;
                         }
                         Ok(None) => {
-                            self.status.restarted(RestartReason::Reconnect);
+                            self.tell.restarted(&self.status, RestartReason::Reconnect);
                             self.state = State::Listed { rv: rv.clone() };
                             tokio::time::sleep(self.watching.reconnect_backoff).await;
                             continue;
@@ -407,14 +472,12 @@ impl Watcher {
                             next = stream.next().now_or_never().flatten();
                         }
                     }
-                    self.status
-                        .received
-                        .fetch_add(items.len() as u64, Ordering::Relaxed);
+                    self.tell.received(&self.status, items.len());
                     if relist {
-                        self.status.restarted(RestartReason::Relist410);
+                        self.tell.restarted(&self.status, RestartReason::Relist410);
                         self.state = State::Empty;
                     } else if broken {
-                        self.status.restarted(RestartReason::Error);
+                        self.tell.restarted(&self.status, RestartReason::Error);
                         self.state = State::Listed { rv: rv.clone() };
                     }
                     if !items.is_empty() {
@@ -453,7 +516,7 @@ impl Watcher {
             }
             _ => {}
         }
-        self.status.restarted(RestartReason::Error);
+        self.tell.restarted(&self.status, RestartReason::Error);
         let backoffs = &self.networking.error_backoffs;
         let mut delay = backoffs
             .get(self.failures)

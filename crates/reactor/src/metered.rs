@@ -1,0 +1,213 @@
+//! A [`kube::Client`] that tells an [`Observer`] about every request it sends: the Kubernetes verb,
+//! the status code and the time until the response's headers (for `kactor_api_requests_total` and
+//! `kactor_api_request_duration_seconds`).
+//!
+//! It wraps any client, the one an operator builds from a kubeconfig and one an application hands
+//! in alike, so every request of the operator (watches, patches, events, peering, leases) is counted
+//! whatever the client was built with.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use kube::client::Body;
+
+use crate::observe::Observer;
+
+/// `client`, with every request told to `observer`.
+pub fn metered(client: kube::Client, observer: Arc<dyn Observer>) -> kube::Client {
+    let namespace = client.default_namespace().to_string();
+    kube::Client::new(Metered { client, observer }, namespace)
+}
+
+/// The service behind [`metered`]: it sends through the wrapped client.
+#[derive(Clone)]
+struct Metered {
+    client: kube::Client,
+    observer: Arc<dyn Observer>,
+}
+
+impl tower_service::Service<http::Request<Body>> for Metered {
+    type Response = http::Response<Body>;
+    type Error = kube::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let verb = verb(
+            request.method(),
+            request.uri().path(),
+            request.uri().query().unwrap_or(""),
+        );
+        let client = self.client.clone();
+        let observer = self.observer.clone();
+        Box::pin(async move {
+            let started = Instant::now();
+            let response = client.send(request).await;
+            let code = response.as_ref().ok().map(|r| r.status().as_u16());
+            observer.api_request(verb, code, started.elapsed());
+            response
+        })
+    }
+}
+
+/// The Kubernetes verb of a request, as the API server's audit log names it: `get`, `list`, `watch`,
+/// `create`, `update`, `patch`, `delete`, `deletecollection`; `other` for what is none of them.
+///
+/// Paths are `/api/v1/...` (the core group) or `/apis/<group>/<version>/...`, then optionally
+/// `namespaces/<ns>/`, then `<plural>[/<name>[/<subresource>]]`. A collection (no name) is listed,
+/// watched, created into or deleted as a whole; a named object is got, updated, patched or deleted.
+/// Discovery (`/api`, `/apis`, `/apis/<group>/<version>`) counts as `get`.
+pub fn verb(method: &http::Method, path: &str, query: &str) -> &'static str {
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let rest = match segments.first() {
+        Some(&"api") => segments.get(2..),
+        Some(&"apis") => segments.get(3..),
+        _ => None,
+    }
+    .unwrap_or(&[]);
+    // `namespaces/<ns>/<plural>...` is scoped; `namespaces[/<name>[/<sub>]]` is the namespaces.
+    let rest = match rest {
+        ["namespaces", _, plural, more @ ..] => {
+            let mut all = vec![*plural];
+            all.extend_from_slice(more);
+            all
+        }
+        other => other.to_vec(),
+    };
+    let collection = rest.len() <= 1;
+    let watching = query
+        .split('&')
+        .any(|pair| pair == "watch=true" || pair == "watch=1" || pair == "watch");
+    match (method.as_str(), collection) {
+        ("GET", _) if watching => "watch",
+        ("GET", true) if rest.is_empty() => "get",
+        ("GET", true) => "list",
+        ("GET", false) => "get",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "deletecollection",
+        ("DELETE", false) => "delete",
+        _ => "other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Method;
+
+    #[test]
+    fn verbs_are_the_api_servers() {
+        let cases = [
+            (Method::GET, "/api/v1/pods", "", "list"),
+            (
+                Method::GET,
+                "/api/v1/namespaces/default/pods",
+                "limit=500",
+                "list",
+            ),
+            (Method::GET, "/api/v1/namespaces/default/pods/p", "", "get"),
+            (
+                Method::GET,
+                "/api/v1/namespaces/default/pods/p/status",
+                "",
+                "get",
+            ),
+            (Method::GET, "/api/v1/namespaces", "", "list"),
+            (Method::GET, "/api/v1/namespaces/default", "", "get"),
+            (
+                Method::GET,
+                "/apis/example.com/v1/widgets",
+                "watch=true&resourceVersion=5&allowWatchBookmarks=true",
+                "watch",
+            ),
+            (Method::GET, "/apis/example.com/v1", "", "get"),
+            (Method::GET, "/apis", "", "get"),
+            (Method::GET, "/api", "", "get"),
+            (
+                Method::POST,
+                "/api/v1/namespaces/default/events",
+                "",
+                "create",
+            ),
+            (
+                Method::PUT,
+                "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l",
+                "",
+                "update",
+            ),
+            (
+                Method::PATCH,
+                "/apis/example.com/v1/namespaces/ns/widgets/w/status",
+                "",
+                "patch",
+            ),
+            (
+                Method::PATCH,
+                "/apis/kopf.dev/v1/clusterkopfpeerings/default",
+                "",
+                "patch",
+            ),
+            (
+                Method::DELETE,
+                "/apis/example.com/v1/namespaces/ns/widgets/w",
+                "",
+                "delete",
+            ),
+            (
+                Method::DELETE,
+                "/apis/example.com/v1/namespaces/ns/widgets",
+                "",
+                "deletecollection",
+            ),
+            (Method::HEAD, "/api/v1/pods", "", "other"),
+        ];
+        for (method, path, query, expected) in cases {
+            assert_eq!(
+                verb(&method, path, query),
+                expected,
+                "{method} {path}?{query}"
+            );
+        }
+    }
+
+    #[derive(Default)]
+    struct Seen(std::sync::Mutex<Vec<(&'static str, Option<u16>)>>);
+
+    impl Observer for Seen {
+        fn api_request(&self, verb: &'static str, code: Option<u16>, _: std::time::Duration) {
+            self.0.lock().unwrap().push((verb, code));
+        }
+    }
+
+    #[tokio::test]
+    async fn requests_are_counted_with_their_verb_and_code() {
+        use kube::api::{Api, DynamicObject, ListParams};
+        let emulator = kactor_emulator::Emulator::start().await.unwrap();
+        let seen = Arc::new(Seen::default());
+        let client = metered(emulator.client(), seen.clone());
+        let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(client.clone(), "default");
+        configmaps.list(&ListParams::default()).await.unwrap();
+        assert!(configmaps.get("missing").await.is_err());
+        let widgets: Api<DynamicObject> = Api::all_with(
+            client,
+            &kube::discovery::ApiResource::from_gvk_with_plural(
+                &kube::api::GroupVersionKind::gvk("nowhere.example.com", "v1", "Widget"),
+                "widgets",
+            ),
+        );
+        assert!(widgets.list(&ListParams::default()).await.is_err());
+        assert_eq!(
+            *seen.0.lock().unwrap(),
+            [("list", Some(200)), ("get", Some(404)), ("list", Some(404))]
+        );
+    }
+}

@@ -1,0 +1,441 @@
+//! Health and metrics, end to end: a real operator against the emulator, asked over real HTTP as the
+//! kubelet and Prometheus ask it.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kactor::emulator::samples;
+use kactor::emulator::{Failure, Matcher};
+use kactor::prelude::*;
+use kube::api::PostParams;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use support::{emulator_with_widgets, operator, spawn, WAIT};
+
+/// A free loopback port for the health server.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `GET path` on the health server: the status and the body (None while it does not listen yet).
+async fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let code = head.split(' ').nth(1)?.parse().ok()?;
+    Some((code, body.to_string()))
+}
+
+/// Asks `path` until the answer passes `check`; fails with the last answer after [`WAIT`].
+async fn until_answer(
+    port: u16,
+    path: &str,
+    what: &str,
+    check: impl Fn(u16, &str) -> bool,
+) -> String {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut last = None;
+    loop {
+        if let Some((code, body)) = get(port, path).await {
+            if check(code, &body) {
+                return body;
+            }
+            last = Some((code, body));
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what} on {path}; the last answer: {last:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Short health thresholds, so that the tests see failures within seconds.
+fn quick_health(settings: &mut Settings) {
+    settings.health.heartbeat_interval = Duration::from_millis(100);
+    settings.health.heartbeat_timeout = Duration::from_secs(1);
+    settings.health.metrics_cache = Duration::ZERO;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deaf_watch_stream_fails_liveness_until_it_recovers() {
+    let (emulator, _widgets) = emulator_with_widgets().await;
+    let port = free_port();
+    let running = spawn(
+        operator(&emulator)
+            .liveness(&format!("http://127.0.0.1:{port}/healthz"))
+            .settings(|s| {
+                quick_health(s);
+                s.watching.inactivity_timeout = Duration::from_millis(500);
+                s.health.silent_watch_timeout = Duration::from_millis(1500);
+            })
+            .on_probe("answer", |_: ActivityCtx| async { Ok(42) })
+            .on_create(
+                ("example.com", "v1", "widgets"),
+                "create_fn",
+                |_: Ctx| async { Ok(()) },
+            ),
+    );
+    let body = until_answer(port, "/healthz", "a healthy operator", |code, _| {
+        code == 200
+    })
+    .await;
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&body).unwrap(),
+        json!({"answer": 42}),
+        "Kopf's probe JSON"
+    );
+
+    // The stream stays open but says nothing, and every attempt to watch again fails.
+    emulator.faults().fail(
+        Failure::new(500)
+            .verb("watch")
+            .resource("widgets")
+            .times(u32::MAX),
+    );
+    emulator
+        .faults()
+        .silence_watches(Matcher::any().resource("widgets"));
+    let body = until_answer(port, "/healthz", "the deaf stream detected", |code, _| {
+        code == 500
+    })
+    .await;
+    assert!(body.contains("[-]watches failed"), "{body}");
+    assert!(
+        body.contains("widgets.v1.example.com"),
+        "names the stream: {body}"
+    );
+    assert!(
+        body.contains("[+]actors ok"),
+        "the other checks pass: {body}"
+    );
+    let (code, only) = get(port, "/healthz/watches").await.unwrap();
+    assert_eq!(code, 500, "{only}");
+    let (code, _) = get(port, "/healthz?exclude=watches").await.unwrap();
+    assert_eq!(code, 200, "the failed check excluded");
+
+    emulator.faults().reset();
+    until_answer(port, "/healthz", "recovery", |code, _| code == 200).await;
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_blocking_an_executor_thread_fails_liveness() {
+    let (emulator, widgets) = emulator_with_widgets().await;
+    let port = free_port();
+    let running = spawn(
+        operator(&emulator)
+            .liveness(&format!("http://127.0.0.1:{port}/healthz"))
+            .settings(quick_health)
+            .on_create(
+                ("example.com", "v1", "widgets"),
+                "blocking",
+                |_: Ctx| async {
+                    // What a careless handler does: blocking I/O on the runtime's thread.
+                    std::thread::sleep(Duration::from_secs(4));
+                    Ok(())
+                },
+            ),
+    );
+    until_answer(port, "/healthz", "a healthy operator", |code, _| {
+        code == 200
+    })
+    .await;
+    let widget = serde_json::from_value(samples::widget("w1", 1)).unwrap();
+    widgets
+        .create(&PostParams::default(), &widget)
+        .await
+        .unwrap();
+    let body = until_answer(
+        port,
+        "/healthz",
+        "the blocked thread detected",
+        |code, _| code == 500,
+    )
+    .await;
+    assert!(body.contains("[-]executor failed"), "{body}");
+    assert!(body.contains("spawn_blocking"), "says what to do: {body}");
+    until_answer(port, "/healthz", "healthy once it returned", |code, _| {
+        code == 200
+    })
+    .await;
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_waits_for_the_startup_activities_and_the_initial_listing() {
+    let (emulator, _widgets) = emulator_with_widgets().await;
+    let port = free_port();
+    let (release, released) = tokio::sync::watch::channel(false);
+    let released = Arc::new(released);
+    // The listing of widgets answers late.
+    emulator.faults().add_latency(
+        Matcher::any().verb("list").resource("widgets"),
+        Duration::from_secs(2),
+    );
+    let running = spawn(
+        operator(&emulator)
+            .liveness(&format!("http://127.0.0.1:{port}/live"))
+            .settings(quick_health)
+            .on_startup("connect", move |_: ActivityCtx| {
+                let mut released = (*released).clone();
+                async move {
+                    let _ = released.wait_for(|r| *r).await;
+                    Ok(())
+                }
+            })
+            .on_event(("example.com", "v1", "widgets"), "log", |_: Ctx| async {
+                Ok(())
+            }),
+    );
+    let body = until_answer(port, "/readyz", "not ready during startup", |code, _| {
+        code == 500
+    })
+    .await;
+    assert!(body.contains("[-]startup failed"), "{body}");
+    let (code, _) = get(port, "/live").await.unwrap();
+    assert_eq!(code, 200, "alive meanwhile, at Kopf's liveness path too");
+
+    release.send(true).unwrap();
+    let body = until_answer(
+        port,
+        "/readyz?verbose",
+        "startup done, listing not",
+        |_, body| body.contains("[+]startup ok"),
+    )
+    .await;
+    assert!(body.contains("[-]listing failed"), "{body}");
+    assert!(body.contains("widgets.v1.example.com"), "{body}");
+    let (code, _) = get(port, "/readyz/listing").await.unwrap();
+    assert_eq!(code, 500);
+
+    let body = until_answer(port, "/readyz", "ready", |code, _| code == 200).await;
+    assert_eq!(body.trim(), "ok");
+    let body = until_answer(port, "/readyz?verbose", "every check passes", |code, _| {
+        code == 200
+    })
+    .await;
+    assert!(
+        body.contains("[+]listing ok") && body.contains("readyz check passed"),
+        "{body}"
+    );
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_parse_as_prometheus_text_and_move_as_objects_are_handled() {
+    let (emulator, widgets) = emulator_with_widgets().await;
+    let port = free_port();
+    let operator = operator(&emulator)
+        .liveness(&format!("http://127.0.0.1:{port}/healthz"))
+        .settings(quick_health)
+        .on_create(
+            ("example.com", "v1", "widgets"),
+            "create_fn",
+            |_: Ctx| async { Ok(json!({"done": true})) },
+        );
+    let mine =
+        kactor::prometheus::IntCounter::new("myop_custom_total", "The application's own").unwrap();
+    operator
+        .metrics()
+        .registry()
+        .register(Box::new(mine.clone()))
+        .unwrap();
+    mine.inc_by(7);
+    let running = spawn(operator);
+    for name in ["w1", "w2", "w3"] {
+        let widget = serde_json::from_value(samples::widget(name, 1)).unwrap();
+        widgets
+            .create(&PostParams::default(), &widget)
+            .await
+            .unwrap();
+    }
+    let runs = r#"kactor_handler_runs_total{handler="create_fn",resource="widgets.v1.example.com",result="success"} 3"#;
+    let text = until_answer(port, "/metrics", "three successful runs", |code, body| {
+        code == 200 && body.contains(runs)
+    })
+    .await;
+
+    let samples = parse_exposition(&text);
+    let value = |name: &str, labels: &[(&str, &str)]| -> Option<f64> {
+        samples
+            .iter()
+            .find(|s| s.name == name && labels.iter().all(|(k, v)| s.label(k) == Some(v)))
+            .map(|s| s.value)
+    };
+    assert!(
+        value(
+            "kactor_events_received_total",
+            &[("resource", "widgets.v1.example.com")]
+        )
+        .unwrap()
+            >= 3.0
+    );
+    assert_eq!(
+        value(
+            "kactor_handler_duration_seconds_count",
+            &[
+                ("handler", "create_fn"),
+                ("resource", "widgets.v1.example.com")
+            ]
+        ),
+        Some(3.0)
+    );
+    assert_eq!(value("kactor_operator_paused", &[]), Some(0.0));
+    assert_eq!(value("kactor_active_handlers", &[]), Some(0.0));
+    assert!(
+        value(
+            "kactor_api_requests_total",
+            &[("verb", "list"), ("code", "200")]
+        )
+        .unwrap()
+            >= 1.0
+    );
+    assert!(
+        value(
+            "kactor_api_requests_total",
+            &[("verb", "patch"), ("code", "200")]
+        )
+        .unwrap()
+            >= 3.0
+    );
+    assert!(
+        value(
+            "kactor_api_requests_total",
+            &[("verb", "watch"), ("code", "200")]
+        )
+        .unwrap()
+            >= 1.0
+    );
+    assert!(
+        value(
+            "kactor_api_request_duration_seconds_count",
+            &[("verb", "patch")]
+        )
+        .unwrap()
+            >= 3.0
+    );
+    assert!(
+        value("process_open_fds", &[]).unwrap() > 0.0,
+        "the process collector"
+    );
+    assert_eq!(
+        value("myop_custom_total", &[]),
+        Some(7.0),
+        "the application's own metric"
+    );
+    assert!(
+        samples.iter().all(|s| !s
+            .labels
+            .iter()
+            .any(|(_, v)| v.starts_with("w") && v.len() == 2)),
+        "no object name is a label"
+    );
+
+    // More objects, more counts.
+    let widget = serde_json::from_value(samples::widget("w4", 1)).unwrap();
+    widgets
+        .create(&PostParams::default(), &widget)
+        .await
+        .unwrap();
+    until_answer(port, "/metrics", "a fourth run", |_, body| {
+        body.contains(&runs.replace("} 3", "} 4"))
+    })
+    .await;
+    running.stop().await;
+}
+
+/// One sample of the text exposition format.
+#[derive(Debug)]
+struct Sample {
+    name: String,
+    labels: Vec<(String, String)>,
+    value: f64,
+}
+
+impl Sample {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.labels
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Parses Prometheus' text format strictly: `# HELP`/`# TYPE` lines, then `name{k="v",...} value`
+/// lines whose family was declared; panics on anything else.
+fn parse_exposition(text: &str) -> Vec<Sample> {
+    let mut typed = std::collections::HashMap::new();
+    let mut samples = Vec::new();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        if let Some(rest) = line.strip_prefix("# ") {
+            let mut parts = rest.splitn(3, ' ');
+            let (keyword, name, what) = (parts.next(), parts.next(), parts.next());
+            match keyword {
+                Some("HELP") => assert!(name.is_some() && what.is_some(), "{line}"),
+                Some("TYPE") => {
+                    let kind = what.unwrap_or_default();
+                    assert!(
+                        ["counter", "gauge", "histogram", "summary", "untyped"].contains(&kind),
+                        "{line}"
+                    );
+                    typed.insert(name.unwrap().to_string(), kind.to_string());
+                }
+                _ => panic!("an unknown comment: {line}"),
+            }
+            continue;
+        }
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("no value: {line}"));
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            v => v.parse().unwrap_or_else(|_| panic!("not a number: {line}")),
+        };
+        let (name, labels) = match series.split_once('{') {
+            Some((name, rest)) => {
+                let inner = rest
+                    .strip_suffix('}')
+                    .unwrap_or_else(|| panic!("unclosed: {line}"));
+                let mut labels = Vec::new();
+                for pair in inner.split("\",").filter(|p| !p.is_empty()) {
+                    let (key, value) = pair.split_once("=\"").unwrap_or_else(|| panic!("{line}"));
+                    labels.push((key.to_string(), value.trim_end_matches('"').to_string()));
+                }
+                (name, labels)
+            }
+            None => (series, Vec::new()),
+        };
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "a bad name: {line}"
+        );
+        let family = ["_bucket", "_count", "_sum", "_total"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix).filter(|f| typed.contains_key(*f)))
+            .unwrap_or(name);
+        assert!(
+            typed.contains_key(family) || typed.contains_key(name),
+            "a sample without a TYPE: {line}"
+        );
+        samples.push(Sample {
+            name: name.to_string(),
+            labels,
+            value,
+        });
+    }
+    assert!(!samples.is_empty());
+    samples
+}
