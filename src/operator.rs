@@ -34,7 +34,7 @@ use kactor_reactor::handlers::{
     handler_fn, Activity, ActivityCtx, ChangingHandler, Ctx, EventHandler, HandlerError,
     HandlerResult, Memo, On, Probe, Registry, ResourceHandlers,
 };
-use kactor_reactor::metered::metered;
+use kactor_reactor::metered::{metered, MeteredLayer};
 use kactor_reactor::namespaces::NamespacePatterns;
 use kactor_reactor::observe::{BoardEntry, Observer, Tee, WatchBoard};
 use kactor_reactor::pausing::PauseSwitch;
@@ -740,12 +740,6 @@ impl Operator {
         stop: impl Future<Output = ()> + Send,
         interrupt: impl Future<Output = ()> + Send,
     ) -> Result<()> {
-        let client = match self.client.clone() {
-            Some(client) => client,
-            None => kube::Client::try_default()
-                .await
-                .map_err(|e| Error::Credentials(discovery::one_line(&e.to_string())))?,
-        };
         let observer: Arc<dyn Observer> = if self.observers.is_empty() {
             self.metrics.clone()
         } else {
@@ -754,7 +748,20 @@ impl Operator {
             Arc::new(Tee(all))
         };
         // Every request of the operator is counted, whoever built the client.
-        let client = metered(client, observer.clone());
+        let client = match self.client.clone() {
+            Some(client) => metered(client, observer.clone()),
+            None => {
+                let credentials =
+                    |e: kube::Error| Error::Credentials(discovery::one_line(&e.to_string()));
+                let config = kube::Config::infer()
+                    .await
+                    .map_err(|e| credentials(kube::Error::InferConfig(e)))?;
+                kube::client::ClientBuilder::try_from(config)
+                    .map_err(credentials)?
+                    .with_layer(&MeteredLayer(observer.clone()))
+                    .build()
+            }
+        };
         let activity_ctx = ActivityCtx {
             memo: self.memo.clone(),
             client: client.clone(),

@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 use kube::api::{Api, DynamicObject, ListParams};
 
 /// Kills the child when the test ends, even on a failed assertion.
+mod support;
+
 struct Child(std::process::Child);
 
 impl Drop for Child {
@@ -114,11 +116,13 @@ async fn kactor_events_prints_each_event_and_exits_cleanly_on_sigterm() {
         .unwrap();
     let dir = scratch("events");
     emulator.write_kubeconfig(dir.join("kubeconfig")).unwrap();
+    let port = support::free_port();
+    let liveness = format!("--liveness=http://127.0.0.1:{port}/healthz");
 
     let mut child = Child(
         kactor_events(
             &dir.join("kubeconfig"),
-            &["wd", "-A", "--log-format", "plain"],
+            &["wd", "-A", "--log-format", "plain", &liveness],
         )
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -146,6 +150,22 @@ async fn kactor_events_prints_each_event_and_exits_cleanly_on_sigterm() {
         .await
         .unwrap();
     assert!(next("the added widget").starts_with("ADDED    default/added"));
+
+    // --liveness serves health and metrics; the client built from the kubeconfig counts requests.
+    support::until_answer(port, "/readyz", "ready", |code, _| code == 200).await;
+    let (code, body) = support::get(port, "/healthz").await.unwrap();
+    assert_eq!((code, body.as_str()), (200, "{}"));
+    let metrics = support::until_answer(port, "/metrics", "two events counted", |_, body| {
+        body.contains(r#"kactor_events_received_total{resource="widgets.v1.example.com"} 2"#)
+    })
+    .await;
+    for series in [
+        r#"kactor_api_requests_total{code="200",verb="list"}"#,
+        r#"kactor_api_requests_total{code="200",verb="watch"}"#,
+        r#"kactor_handler_runs_total{handler="print",resource="widgets.v1.example.com",result="success"} 2"#,
+    ] {
+        assert!(metrics.contains(series), "{series} in {metrics}");
+    }
 
     let status = Command::new("kill")
         .args(["-TERM", &child.0.id().to_string()])

@@ -10,55 +10,8 @@ use kactor::emulator::samples;
 use kactor::emulator::{Failure, Matcher};
 use kactor::prelude::*;
 use kube::api::PostParams;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
-use support::{emulator_with_widgets, operator, spawn, WAIT};
-
-/// A free loopback port for the health server.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// `GET path` on the health server: the status and the body (None while it does not listen yet).
-async fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.ok()?;
-    let (head, body) = response.split_once("\r\n\r\n")?;
-    let code = head.split(' ').nth(1)?.parse().ok()?;
-    Some((code, body.to_string()))
-}
-
-/// Asks `path` until the answer passes `check`; fails with the last answer after [`WAIT`].
-async fn until_answer(
-    port: u16,
-    path: &str,
-    what: &str,
-    check: impl Fn(u16, &str) -> bool,
-) -> String {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let mut last = None;
-    loop {
-        if let Some((code, body)) = get(port, path).await {
-            if check(code, &body) {
-                return body;
-            }
-            last = Some((code, body));
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what} on {path}; the last answer: {last:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+use support::{emulator_with_widgets, free_port, get, operator, spawn, until_answer};
 
 /// Short health thresholds, so that the tests see failures within seconds.
 fn quick_health(settings: &mut Settings) {
