@@ -155,14 +155,15 @@ async fn kactor_events_prints_each_event_and_exits_cleanly_on_sigterm() {
     support::until_answer(port, "/readyz", "ready", |code, _| code == 200).await;
     let (code, body) = support::get(port, "/healthz").await.unwrap();
     assert_eq!((code, body.as_str()), (200, "{}"));
-    let metrics = support::until_answer(port, "/metrics", "two events counted", |_, body| {
-        body.contains(r#"kactor_events_received_total{resource="widgets.v1.example.com"} 2"#)
+    let runs = r#"kactor_handler_runs_total{handler="print",resource="widgets.v1.example.com",result="success"} 2"#;
+    let metrics = support::until_answer(port, "/metrics", "two events handled", |_, body| {
+        body.contains(runs)
     })
     .await;
     for series in [
+        r#"kactor_events_received_total{resource="widgets.v1.example.com"} 2"#,
         r#"kactor_api_requests_total{code="200",verb="list"}"#,
         r#"kactor_api_requests_total{code="200",verb="watch"}"#,
-        r#"kactor_handler_runs_total{handler="print",resource="widgets.v1.example.com",result="success"} 2"#,
     ] {
         assert!(metrics.contains(series), "{series} in {metrics}");
     }

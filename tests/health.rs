@@ -214,9 +214,20 @@ async fn metrics_parse_as_prometheus_text_and_move_as_objects_are_handled() {
             .unwrap();
     }
     let runs = r#"kactor_handler_runs_total{handler="create_fn",resource="widgets.v1.example.com",result="success"} 3"#;
-    let text = until_answer(port, "/metrics", "three successful runs", |code, body| {
-        code == 200 && body.contains(runs)
-    })
+    // The runs are counted when the handlers return, their patches once the API answered them.
+    let patches = |body: &str| -> f64 {
+        parse_exposition(body)
+            .iter()
+            .filter(|s| s.name == "kactor_api_requests_total" && s.label("verb") == Some("patch"))
+            .map(|s| s.value)
+            .sum()
+    };
+    let text = until_answer(
+        port,
+        "/metrics",
+        "three runs and their patches",
+        |code, body| code == 200 && body.contains(runs) && patches(body) >= 6.0,
+    )
     .await;
 
     let samples = parse_exposition(&text);

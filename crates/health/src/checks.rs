@@ -29,7 +29,8 @@ use serde_json::Value;
 use tokio::runtime::Handle;
 
 use crate::executor::{Clock, Executor};
-use crate::probes::{panic_message, Probes};
+use crate::probes::Probes;
+use kactor_reactor::execution::panic_message;
 
 /// A user's check: `Ok` when healthy, or why not. It runs on the health server's thread for every
 /// request that includes it, so it must be quick and must not block.
@@ -422,7 +423,7 @@ impl<'a> Collect<'a> {
             let name = Name::User(name);
             if self.wants(&name) {
                 let result = catch_unwind(AssertUnwindSafe(|| check()))
-                    .unwrap_or_else(|panic| Err(format!("panicked: {}", panic_message(panic))));
+                    .unwrap_or_else(|panic| Err(format!("panicked: {}", panic_message(&panic))));
                 self.push(name, result);
             }
         }

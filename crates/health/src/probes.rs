@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
+use kactor_reactor::execution::panic_message;
 use kactor_reactor::handlers::{ActivityCtx, Probe};
 use serde_json::{Map, Value};
 use tokio::runtime::Handle;
@@ -106,7 +107,7 @@ async fn run(
                 Ok(Ok(Err(error))) => format!("probe '{id}' failed: {error}"),
                 Ok(Err(error)) if error.is_panic() => format!(
                     "probe '{id}' panicked: {}",
-                    panic_message(error.into_panic())
+                    panic_message(&error.into_panic())
                 ),
                 Ok(Err(_)) => format!("probe '{id}' was cancelled: the operator is shutting down"),
                 Err(_) => {
@@ -132,16 +133,5 @@ async fn run(
         Ok(Value::Object(results))
     } else {
         Err(failures.join("; "))
-    }
-}
-
-/// The message a panic was raised with.
-pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
-    match payload.downcast::<String>() {
-        Ok(message) => *message,
-        Err(payload) => match payload.downcast::<&'static str>() {
-            Ok(message) => message.to_string(),
-            Err(_) => "a panic without a message".to_string(),
-        },
     }
 }
