@@ -279,6 +279,49 @@ async fn deleting_an_object_stops_its_daemon_and_the_object_goes_only_after_the_
     running.stop().await;
 }
 
+/// A deletion handler runs once, even when the object's timer is still finishing its call: the
+/// cycles that wait for the timer keep the handler's success instead of running it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deletion_handler_runs_once_while_a_timer_is_still_stopping() {
+    let (emulator, widgets) = emulator_with_widgets().await;
+    let log = Log::default();
+    let (in_timer, in_delete) = (log.clone(), log.clone());
+    let running = spawn(
+        operator(&emulator)
+            .timer(
+                WIDGETS,
+                "slow",
+                Timer::every(Duration::from_millis(50)),
+                move |_: Ctx| {
+                    let log = in_timer.clone();
+                    async move {
+                        log.push("tick");
+                        // Deletion comes while a call is running: the timer stops only after it.
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        Ok(())
+                    }
+                },
+            )
+            .on_delete(WIDGETS, "cleanup", move |_: Ctx| {
+                let log = in_delete.clone();
+                async move {
+                    log.push("cleanup");
+                    Ok(())
+                }
+            }),
+    );
+    create(&widgets, "w1", 1).await;
+    log.until_count("tick", 2).await;
+    widgets
+        .delete("w1", &DeleteParams::default())
+        .await
+        .unwrap();
+    until(&widgets, "w1", "the object to go", |o| o.is_none()).await;
+    let cleanups = log.all().iter().filter(|l| *l == "cleanup").count();
+    assert_eq!(cleanups, 1, "{:?}", log.all());
+    running.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_that_ignores_its_stop_signal_is_cancelled_after_its_backoff_and_the_object_then_goes(
 ) {

@@ -660,3 +660,54 @@ async fn api_failures_throttle_the_object_and_it_is_handled_when_the_api_recover
     .await;
     running.stop().await;
 }
+
+/// The next cycle waits for the version our own patch wrote (`consistency_timeout`), but not when
+/// that version's event already arrived while the patch was in flight: with an hour-long timeout,
+/// handlers that need several cycles still finish at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_own_patch_seen_during_the_cycle_counts_as_consistent() {
+    let (emulator, widgets) = emulator_with_widgets().await;
+    let calls = Calls::default();
+    let (first, second, third) = (calls.clone(), calls.clone(), calls.clone());
+    let running = spawn(
+        operator(&emulator)
+            .settings(|s| s.persistence.consistency_timeout = Duration::from_secs(3600))
+            .on_create("widgets.example.com", "first", move |ctx: Ctx| {
+                let calls = first.clone();
+                async move {
+                    calls.record(&ctx);
+                    Ok(())
+                }
+            })
+            .on_create("widgets.example.com", "second", move |ctx: Ctx| {
+                let calls = second.clone();
+                async move {
+                    calls.record(&ctx);
+                    Ok(())
+                }
+            })
+            .on_create("widgets.example.com", "third", move |ctx: Ctx| {
+                let calls = third.clone();
+                async move {
+                    calls.record(&ctx);
+                    Ok(())
+                }
+            })
+            // A deletion handler: the first cycle adds the finalizer, alone.
+            .on_delete("widgets.example.com", "cleanup", |_: Ctx| async { Ok(()) }),
+    );
+    for name in ["w1", "w2", "w3", "w4"] {
+        create(&widgets, name, 1).await;
+    }
+    for name in ["w1", "w2", "w3", "w4"] {
+        // One handler per cycle: three cycles, each after the patch of the one before.
+        until(&widgets, name, "all three handlers", |o| {
+            o.is_some_and(|o| diff_base(o).is_some())
+        })
+        .await;
+        for id in ["first", "second", "third"] {
+            assert_eq!(calls.count(id, name), 1, "{:?}", calls.all());
+        }
+    }
+    running.stop().await;
+}

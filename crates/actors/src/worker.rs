@@ -49,6 +49,9 @@ use tracing::Instrument;
 use crate::daemons::{DaemonEnv, ObjectDaemons, Report, Reporter};
 use crate::tracker::Tracker;
 
+/// How many resourceVersions of events arrived during a cycle are kept to recognise our own patch's.
+const ARRIVED_KEPT: usize = 16;
+
 /// An event for the worker's object.
 #[derive(Message, Clone)]
 #[rtype(result = "()")]
@@ -140,6 +143,9 @@ pub struct ObjectWorker {
     stopping: bool,
     /// The newest event not yet processed.
     pending: Option<Deliver>,
+    /// The resourceVersions of the events that arrived during the running cycle or touch (the
+    /// newest few): the version our own patch wrote may come back before the cycle ends.
+    arrived: std::collections::VecDeque<Box<str>>,
     /// The event of the last cycle, to run again after a consistency wait or throttling.
     last: Option<Deliver>,
     last_seq: u64,
@@ -173,6 +179,7 @@ impl ObjectWorker {
             memory,
             shared,
             busy: false,
+            arrived: std::collections::VecDeque::new(),
             stopping: false,
             pending: None,
             last: None,
@@ -250,8 +257,17 @@ impl ObjectWorker {
         )
     }
 
+    /// Our own patch wrote `version`: the next cycle waits (up to `consistency_timeout`) until an
+    /// event brings it, unless one already did while the patch was in flight.
+    fn expect(&mut self, version: Option<String>) {
+        self.expected = version
+            .filter(|rv| !self.arrived.iter().any(|seen| **seen == **rv))
+            .map(|rv| (rv, Instant::now() + self.shared.consistency_timeout));
+    }
+
     fn start_cycle(&mut self, event: Deliver, ctx: &mut Context<Self>) {
         self.busy = true;
+        self.arrived.clear();
         self.last_seq = self.last_seq.max(event.seq);
         self.cancel_timer(ctx);
         let consistent = match &self.expected {
@@ -357,6 +373,7 @@ impl ObjectWorker {
                 return worker.settle(ctx);
             };
             worker.busy = true;
+            worker.arrived.clear();
             let processor = worker.shared.processor.clone();
             let address = ctx.address();
             let span = worker.span(&last.body);
@@ -420,6 +437,14 @@ impl Handler<Deliver> for ObjectWorker {
                 self.expected = None;
             }
         }
+        if self.busy {
+            if let Some(rv) = event.body.metadata.resource_version.as_deref() {
+                if self.arrived.len() == ARRIVED_KEPT {
+                    self.arrived.pop_front();
+                }
+                self.arrived.push_back(rv.into());
+            }
+        }
         if self.stopping {
             return;
         }
@@ -457,9 +482,7 @@ impl Handler<CycleDone> for ObjectWorker {
         };
         self.throttle_step = 0;
         if cycle.patched {
-            self.expected = cycle
-                .resource_version
-                .map(|rv| (rv, Instant::now() + self.shared.consistency_timeout));
+            self.expect(cycle.resource_version);
         }
         if self.paused && (cycle.delay.is_some() || cycle.awaiting_consistency) {
             self.mark_interrupted();
@@ -494,8 +517,7 @@ impl Handler<Touched> for ObjectWorker {
         match result {
             Ok(version) => {
                 self.throttle_step = 0;
-                self.expected =
-                    version.map(|rv| (rv, Instant::now() + self.shared.consistency_timeout));
+                self.expect(version);
                 self.settle(ctx);
             }
             Err(error) => {

@@ -337,7 +337,7 @@ impl Processor {
                 cycle.awaiting_consistency = true;
             } else {
                 matched = true;
-                delays = self.run_changing(ctx, memory, now).await;
+                delays = self.run_changing(ctx, memory, now, daemons_blocking).await;
             }
         }
 
@@ -494,11 +494,16 @@ impl Processor {
     }
 
     /// Kopf's `process_changing_cause`: returns the delays of the handlers still pending.
+    ///
+    /// `daemons_running`: the object's daemons or timers are still stopping. A finished deletion
+    /// then keeps its progress (the handlers' successes) until the cycle that releases the
+    /// finalizer, so that the cycles in between do not run the deletion handlers again.
     async fn run_changing(
         &self,
         ctx: &Ctx,
         memory: &mut ObjectMemory,
         now: Timestamp,
+        daemons_running: bool,
     ) -> Vec<Duration> {
         let Some(cause) = ctx.cause() else {
             return Vec::new();
@@ -612,7 +617,9 @@ impl Processor {
                         counts.success,
                         counts.failure
                     );
-                    state.purge(&body, &self.progress, owned.iter().copied(), &mut merge);
+                    if !(reason == Reason::Delete && daemons_running) {
+                        state.purge(&body, &self.progress, owned.iter().copied(), &mut merge);
+                    }
                     done_or_skipped = true;
                 } else {
                     delays = state.delays(finished_at);
