@@ -5,6 +5,12 @@
 //! same. Every option can also come from an environment variable `KACTOR_...` (Kopf's are
 //! `KOPF_RUN_...`), which a Deployment sets more easily than arguments; the command line wins.
 //!
+//! The other commands print what the operator needs in a cluster ([`Manifests`]):
+//! `rbac generate [-o FILE]` its ServiceAccount, Roles and bindings, `rbac verify [-f FILE]` which of
+//! those permissions some manifests grant, and `crds` its CRDs. The rbac commands take the options of
+//! `run`, since the permissions depend on them, and `--service-account NAME` and
+//! `--service-account-namespace NS`.
+//!
 //! ```
 //! use kactor::cli::{OperatorCli, Scope};
 //!
@@ -17,6 +23,8 @@
 //! ```
 
 use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::path::PathBuf;
 
 use clap::builder::BoolishValueParser;
 use clap::error::ErrorKind;
@@ -24,7 +32,9 @@ use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, CommandFactory, FromArgMatches, Parser};
 use tracing::Level;
 
+use crate::error::Error;
 use crate::logging::{LogFormat, LogSettings};
+use crate::operator::Operator;
 
 /// The warning for an operator started with neither `--namespace` nor `--all-namespaces`, as Kopf's
 /// `FutureWarning`.
@@ -259,10 +269,10 @@ impl RunArgs {
     }
 }
 
-/// The command line of an operator: `run` (the default) and its [`RunArgs`], `--help` and
-/// `--version`.
+/// The command line of an operator: `run` (the default) and its [`RunArgs`], `rbac generate`,
+/// `rbac verify` and `crds` ([`Manifests`]), `--help` and `--version`.
 ///
-/// `run` is implied: `my-operator -n ns1` is `my-operator run -n ns1`. Options given before `run`
+/// `run` is implied: `my-operator -n ns1` is `my-operator run -n ns1`. Options given before a command
 /// are a usage error (`my-operator -v run`), so that there is one place for them.
 ///
 /// `--version` prints kactor's version.
@@ -281,11 +291,229 @@ pub struct OperatorCli {
     run: RunArgs,
 }
 
-/// The commands; more (e.g. Kopf's `freeze` and `resume`) may come.
+/// What the command line asks for.
 #[derive(clap::Subcommand, Debug, Clone, PartialEq)]
-enum Command {
+pub enum Command {
     /// Run the operator (the default command).
     Run(RunArgs),
+    /// `rbac generate`, `rbac verify`, `crds`: the manifests that deploy the operator.
+    #[command(flatten)]
+    Manifests(Manifests),
+}
+
+/// The commands about what an operator needs in a cluster: its RBAC and its CRDs. They print or check
+/// manifests and exit; [`Manifests::execute`] carries them out.
+// Parsed once per process: boxing `Rbac` would save nothing worth the clumsier matching.
+#[allow(clippy::large_enum_variant)]
+#[derive(clap::Subcommand, Debug, Clone, PartialEq)]
+pub enum Manifests {
+    /// The RBAC this operator needs: print it, or check manifests for it.
+    #[command(subcommand)]
+    Rbac(RbacCommand),
+    /// Print the CRDs of the resources this operator owns, as YAML (`my-operator crds | kubectl
+    /// apply -f -`).
+    Crds,
+}
+
+/// `rbac generate` and `rbac verify`.
+#[derive(clap::Subcommand, Debug, Clone, PartialEq)]
+pub enum RbacCommand {
+    /// Print the ServiceAccount, ClusterRole, Roles and bindings this operator needs, as YAML.
+    ///
+    /// They are derived from the registered handlers (their resources), the scope (-A: a
+    /// ClusterRole; -n NS: a Role in each namespace, and a ClusterRole for what is cluster-wide),
+    /// peering and leader election, with a comment on each rule saying why it is needed. Give it the
+    /// options the operator runs with. Resources named only by kind or short name are resolved
+    /// through the cluster (credentials as for `run`).
+    Generate(GenerateArgs),
+    /// Check RBAC manifests: print each permission this operator needs as present or missing.
+    ///
+    /// Reads Roles, ClusterRoles, RoleBindings and ClusterRoleBindings (other documents are ignored;
+    /// `kubectl get ... -o yaml` lists are read too) and counts only the rules bound to the
+    /// operator's service account. Exits with status 1 when a permission is missing.
+    Verify(VerifyArgs),
+}
+
+/// The options of `rbac generate`.
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct GenerateArgs {
+    /// Write the manifests to this file instead of stdout.
+    #[arg(short = 'o', long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Who the operator runs as, and with which options.
+    #[command(flatten)]
+    pub rbac: RbacArgs,
+}
+
+/// The options of `rbac verify`.
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct VerifyArgs {
+    /// Read the manifests from this file; `-` or none: from stdin.
+    #[arg(
+        short = 'f',
+        long = "filename",
+        visible_alias = "file",
+        value_name = "FILE"
+    )]
+    pub file: Option<PathBuf>,
+    /// Who the operator runs as, and with which options.
+    #[command(flatten)]
+    pub rbac: RbacArgs,
+}
+
+/// What the operator's permissions depend on: the options it runs with (those of `run`), and the
+/// service account it runs as.
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct RbacArgs {
+    /// The service account the operator runs as (default: the program's name).
+    #[arg(long, value_name = "NAME", env = "KACTOR_SERVICE_ACCOUNT")]
+    pub service_account: Option<String>,
+    /// The service account's namespace (default: POD_NAMESPACE, else `default`).
+    #[arg(long, value_name = "NS", env = "KACTOR_SERVICE_ACCOUNT_NAMESPACE")]
+    pub service_account_namespace: Option<String>,
+    /// The options the operator runs with.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+impl RbacArgs {
+    /// The service account's name: `--service-account`, else the program's name, else
+    /// `kactor-operator`.
+    pub fn service_account_name(&self) -> String {
+        self.service_account
+            .clone()
+            .or_else(program_name)
+            .unwrap_or_else(|| DEFAULT_NAME.to_string())
+    }
+
+    /// The service account's namespace: `--service-account-namespace`, else `POD_NAMESPACE`, else
+    /// `default`.
+    pub fn service_account_namespace(&self) -> String {
+        self.service_account_namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .unwrap_or_else(|| "default".to_string())
+    }
+}
+
+impl Manifests {
+    /// Carries out the command for `operator`, as [`Operator::run_from_args`] does with the process's
+    /// stdin, stdout and stderr:
+    /// * `rbac generate` writes the manifests to `-o FILE`, or to `output`;
+    /// * `rbac verify` reads the manifests from `-f FILE`, or from `input` (no `-f`, or `-f -`),
+    ///   writes a line per needed permission to `output`, and returns [`RbacError::Missing`] when one
+    ///   is missing (so that `main` exits with status 1);
+    /// * `crds` writes the CRDs declared with [`Operator::crd`] to `output` as YAML documents, or
+    ///   says on `messages` that there are none.
+    ///
+    /// ```no_run
+    /// # async fn example() -> kactor::Result<()> {
+    /// use kactor::cli::{Command, OperatorCli};
+    /// use kactor::prelude::*;
+    ///
+    /// let operator = Operator::new().on_create(("example.com", "v1", "widgets"), "create_fn", |_: Ctx| async { Ok(()) });
+    /// let cli = OperatorCli::parse_from(["my-operator", "rbac", "verify", "-A", "-f", "rbac.yaml"]).unwrap();
+    /// if let Command::Manifests(command) = cli.command() {
+    ///     command.execute(&operator, &mut std::io::stdin(), &mut std::io::stdout(), &mut std::io::stderr()).await?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// [`RbacError::Missing`]: crate::rbac::RbacError::Missing
+    pub async fn execute(
+        &self,
+        operator: &Operator,
+        input: &mut (dyn Read + Send),
+        output: &mut (dyn Write + Send),
+        messages: &mut (dyn Write + Send),
+    ) -> crate::Result<()> {
+        match self {
+            Manifests::Rbac(RbacCommand::Generate(args)) => {
+                let yaml = crate::rbac::generate(operator, &args.rbac).await?;
+                match &args.output {
+                    Some(path) => {
+                        std::fs::write(path, yaml).map_err(|e| Error::Output {
+                            what: path.display().to_string(),
+                            reason: e.to_string(),
+                        })?;
+                        let _ =
+                            writeln!(messages, "wrote the RBAC manifests to {}", path.display());
+                        Ok(())
+                    }
+                    None => write_all(output, "stdout", yaml.as_bytes()),
+                }
+            }
+            Manifests::Rbac(RbacCommand::Verify(args)) => {
+                let (what, manifests) = match &args.file {
+                    Some(path) if path.as_os_str() != "-" => {
+                        let what = path.display().to_string();
+                        let text = std::fs::read_to_string(path).map_err(|e| Error::Input {
+                            what: what.clone(),
+                            reason: e.to_string(),
+                        })?;
+                        (what, text)
+                    }
+                    _ => {
+                        let mut text = String::new();
+                        input.read_to_string(&mut text).map_err(|e| Error::Input {
+                            what: "stdin".to_string(),
+                            reason: e.to_string(),
+                        })?;
+                        ("stdin".to_string(), text)
+                    }
+                };
+                let verification = crate::rbac::verify(operator, &args.rbac, &manifests)
+                    .await
+                    .map_err(|error| match error {
+                        Error::Rbac(crate::rbac::RbacError::Manifests(reason)) => Error::Input {
+                            what,
+                            reason: format!("not RBAC manifests ({reason})"),
+                        },
+                        other => other,
+                    })?;
+                write_all(output, "stdout", format!("{verification}\n").as_bytes())?;
+                verification.into_result().map(|_| ())
+            }
+            Manifests::Crds => {
+                let crds = operator.blueprint().crds;
+                if crds.is_empty() {
+                    let _ = writeln!(
+                        messages,
+                        "this operator declares no CRDs (declare them with Operator::crd)"
+                    );
+                    return Ok(());
+                }
+                let yaml = serde_saphyr::to_string_multiple(crds).map_err(|e| Error::Output {
+                    what: "the CRDs as YAML".to_string(),
+                    reason: e.to_string(),
+                })?;
+                write_all(output, "stdout", yaml.as_bytes())
+            }
+        }
+    }
+}
+
+fn write_all(output: &mut (dyn Write + Send), what: &str, bytes: &[u8]) -> crate::Result<()> {
+    output
+        .write_all(bytes)
+        .and_then(|()| output.flush())
+        .map_err(|e| Error::Output {
+            what: what.to_string(),
+            reason: e.to_string(),
+        })
+}
+
+/// The name of an operator whose program has no name.
+pub(crate) const DEFAULT_NAME: &str = "kactor-operator";
+
+/// The running program's name, without directories and extension (`my-operator`).
+pub(crate) fn program_name() -> Option<String> {
+    std::env::args_os().next().and_then(|program| {
+        std::path::Path::new(&program)
+            .file_stem()
+            .map(|stem| stem.to_string_lossy().into_owned())
+    })
 }
 
 impl OperatorCli {
@@ -312,13 +540,21 @@ impl OperatorCli {
         let matches = command.try_get_matches_from_mut(args)?;
         let mut cli = <OperatorCli as FromArgMatches>::from_arg_matches(&matches)
             .map_err(|error| error.format(&mut command))?;
-        let run_matches = match matches.subcommand() {
-            Some((_, run_matches)) => run_matches,
-            None => &matches,
-        };
+        // The options of `run` are in the innermost command's matches (`rbac generate` flattens them).
+        let mut run_matches = &matches;
+        while let Some((_, sub)) = run_matches.subcommand() {
+            run_matches = sub;
+        }
         let run = match &mut cli.command {
-            Some(Command::Run(args)) => args,
             None => &mut cli.run,
+            Some(Command::Run(args)) => args,
+            Some(Command::Manifests(Manifests::Rbac(RbacCommand::Generate(args)))) => {
+                &mut args.rbac.run
+            }
+            Some(Command::Manifests(Manifests::Rbac(RbacCommand::Verify(args)))) => {
+                &mut args.rbac.run
+            }
+            Some(Command::Manifests(Manifests::Crds)) => return Ok(cli),
         };
         // The checks below are not clap's `conflicts_with`/`overrides_with`, because clap counts values
         // from the environment as given: `KACTOR_ALL_NAMESPACES=false -n ns1` would be a conflict, and
@@ -335,19 +571,35 @@ impl OperatorCli {
         Ok(cli)
     }
 
-    /// The options of `run`, whether `run` was written or implied.
-    pub fn run_args(&self) -> &RunArgs {
+    /// What the command line asks for; `run` when no command was written.
+    pub fn command(&self) -> Command {
         match &self.command {
-            Some(Command::Run(args)) => args,
-            None => &self.run,
+            Some(command) => command.clone(),
+            None => Command::Run(self.run.clone()),
         }
     }
 
-    /// The options of `run`, by value.
+    /// The options of `run`, whether `run` was written or implied; for `rbac generate` and
+    /// `rbac verify`, the options they were given (those the operator runs with); for `crds`, the
+    /// defaults (and `KACTOR_...` variables).
+    pub fn run_args(&self) -> &RunArgs {
+        match &self.command {
+            Some(Command::Run(args)) => args,
+            Some(Command::Manifests(Manifests::Rbac(RbacCommand::Generate(args)))) => {
+                &args.rbac.run
+            }
+            Some(Command::Manifests(Manifests::Rbac(RbacCommand::Verify(args)))) => &args.rbac.run,
+            Some(Command::Manifests(Manifests::Crds)) | None => &self.run,
+        }
+    }
+
+    /// The options of `run`, by value (see [`run_args`](Self::run_args)).
     pub fn into_run_args(self) -> RunArgs {
         match self.command {
             Some(Command::Run(args)) => args,
-            None => self.run,
+            Some(Command::Manifests(Manifests::Rbac(RbacCommand::Generate(args)))) => args.rbac.run,
+            Some(Command::Manifests(Manifests::Rbac(RbacCommand::Verify(args)))) => args.rbac.run,
+            Some(Command::Manifests(Manifests::Crds)) | None => self.run,
         }
     }
 }
@@ -367,7 +619,7 @@ fn resolve_log_prefix(run: &mut RunArgs, matches: &ArgMatches) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Serialises the tests that read or write the `KACTOR_*` environment variables, which the test
@@ -384,7 +636,7 @@ mod tests {
     }
 
     /// Parses `my-operator ARGS...`, never while another test changes the environment.
-    fn cli(args: &[&str]) -> Result<OperatorCli, clap::Error> {
+    pub(crate) fn cli(args: &[&str]) -> Result<OperatorCli, clap::Error> {
         let mut argv = vec!["my-operator"];
         argv.extend_from_slice(args);
         if HOLDS_ENV.get() {
@@ -737,6 +989,105 @@ mod tests {
         let error = parse(&["run", "--help"]).unwrap_err();
         assert_eq!(error.kind(), ErrorKind::DisplayHelp);
         assert!(error.render().to_string().contains("--log-refkey <KEY>"));
+    }
+
+    /// The options of `rbac generate ARGS...`.
+    fn generate(args: &[&str]) -> Result<GenerateArgs, clap::Error> {
+        let mut argv = vec!["rbac", "generate"];
+        argv.extend_from_slice(args);
+        match cli(&argv)?.command() {
+            Command::Manifests(Manifests::Rbac(RbacCommand::Generate(args))) => Ok(args),
+            other => panic!("not rbac generate: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn rbac_commands_take_the_options_of_run_and_the_service_account() {
+        let args = generate(&[
+            "-n",
+            "team-a",
+            "--peering",
+            "team",
+            "--leader-election",
+            "--service-account",
+            "my-op",
+            "--service-account-namespace",
+            "ops",
+            "-o",
+            "rbac.yaml",
+        ])
+        .unwrap();
+        assert_eq!(args.output, Some(PathBuf::from("rbac.yaml")));
+        assert_eq!(
+            args.rbac.run.scope(),
+            Scope::Namespaces(vec!["team-a".into()])
+        );
+        assert_eq!(args.rbac.run.peering.as_deref(), Some("team"));
+        assert!(args.rbac.run.leader_election);
+        assert_eq!(args.rbac.service_account_name(), "my-op");
+        assert_eq!(args.rbac.service_account_namespace(), "ops");
+
+        let cli = cli(&["rbac", "verify", "-A", "-f", "-"]).unwrap();
+        assert_eq!(cli.run_args().scope(), Scope::ClusterWide);
+        assert_eq!(cli.run_args().scope_warning(), None);
+        match cli.command() {
+            Command::Manifests(Manifests::Rbac(RbacCommand::Verify(args))) => {
+                assert_eq!(args.file, Some(PathBuf::from("-")));
+            }
+            other => panic!("not rbac verify: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_service_account_defaults_to_the_programs_name() {
+        let args = generate(&[]).unwrap();
+        assert_eq!(args.output, None);
+        assert_eq!(
+            args.rbac.service_account_name(),
+            program_name().unwrap_or_else(|| DEFAULT_NAME.to_string())
+        );
+    }
+
+    #[test]
+    fn rbac_and_crds_are_commands_and_rbac_needs_one_of_its_own() {
+        assert_eq!(
+            cli(&["crds"]).unwrap().command(),
+            Command::Manifests(Manifests::Crds)
+        );
+        let error = cli(&["rbac"]).unwrap_err();
+        assert_eq!(
+            error.kind(),
+            ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+        );
+        // `-n` with `-A` is a usage error for rbac too: the permissions depend on the scope.
+        let error = generate(&["-n", "x", "-A"]).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::ArgumentConflict);
+        let error = cli(&["crds", "-n", "x"]).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::UnknownArgument);
+    }
+
+    #[test]
+    fn help_lists_the_commands_and_the_rbac_options() {
+        let help = cli(&["--help"]).unwrap_err().render().to_string();
+        for needle in ["run", "rbac", "crds"] {
+            assert!(help.contains(needle), "{needle:?} missing from:\n{help}");
+        }
+        let help = generate(&["--help"]).unwrap_err().render().to_string();
+        for needle in [
+            "-o, --output <FILE>",
+            "--service-account <NAME>",
+            "--service-account-namespace <NS>",
+            "KACTOR_SERVICE_ACCOUNT",
+            "-n, --namespace <NS>",
+            "--leader-election",
+        ] {
+            assert!(help.contains(needle), "{needle:?} missing from:\n{help}");
+        }
+        let help = cli(&["rbac", "verify", "--help"])
+            .unwrap_err()
+            .render()
+            .to_string();
+        assert!(help.contains("-f, --filename <FILE>"), "{help}");
     }
 
     #[test]

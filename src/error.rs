@@ -63,6 +63,25 @@ pub enum Error {
     /// Logging could not be set up.
     #[error(transparent)]
     Logging(#[from] crate::logging::LoggingError),
+    /// The RBAC could not be derived, or (`rbac verify`) is not all granted.
+    #[error(transparent)]
+    Rbac(#[from] crate::rbac::RbacError),
+    /// A command's input could not be read.
+    #[error("cannot read {what}: {reason}")]
+    Input {
+        /// What was read (`rbac.yaml`, `stdin`).
+        what: String,
+        /// Why it failed.
+        reason: String,
+    },
+    /// A command's output could not be written.
+    #[error("cannot write {what}: {reason}")]
+    Output {
+        /// What was written (`rbac.yaml`, `stdout`).
+        what: String,
+        /// Why it failed.
+        reason: String,
+    },
 }
 
 /// One line, as `Display`: `main` returning this error prints a clear message, not a struct dump.

@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use actix::Addr;
 use futures::FutureExt;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kactor_actors::supervisor::{Pause, ResourceSupervisor, Resume, Shutdown, SupervisorConfig};
 use kactor_actors::system::ActorSystem;
 use kactor_actors::tracker::Tracker;
@@ -45,7 +46,7 @@ use kactor_reactor::watching::{WatchItem, Watcher};
 use kube::api::{Api, DynamicObject};
 use tokio::sync::Semaphore;
 
-use crate::cli::{OperatorCli, Scope};
+use crate::cli::{Command, OperatorCli, Scope};
 use crate::error::{Error, Result};
 
 /// An operator: handlers, settings, and where to run them.
@@ -81,6 +82,10 @@ pub struct Operator {
     liveness: Option<String>,
     liveness_checks: Vec<(String, Check)>,
     readiness_checks: Vec<(String, Check)>,
+    /// The CRDs this operator owns, printed by `crds`.
+    crds: Vec<CustomResourceDefinition>,
+    /// What the handlers do with their own clients, for `rbac generate`.
+    permissions: Vec<crate::rbac::Extra>,
 }
 
 impl Default for Operator {
@@ -109,6 +114,8 @@ impl Operator {
             liveness: None,
             liveness_checks: Vec::new(),
             readiness_checks: Vec::new(),
+            crds: Vec::new(),
+            permissions: Vec::new(),
         }
     }
 
@@ -657,9 +664,75 @@ impl Operator {
         self
     }
 
-    /// Parses the command line (`run` is the default subcommand; see [`crate::cli::RunArgs`] for every
-    /// option and its `KACTOR_...` environment variable), sets up logging, and runs until SIGINT or
-    /// SIGTERM. A usage error prints clap's message and exits with status 2, as command lines do.
+    /// Declares a CRD this operator owns: printed by `crds` (`my-operator crds | kubectl apply -f -`).
+    /// `rbac generate` also reads from it the scope and status subresource of the resource it
+    /// defines. kactor never installs CRDs itself.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    /// let crd: CustomResourceDefinition = serde_json::from_value(json!({
+    ///     "metadata": {"name": "widgets.example.com"},
+    ///     "spec": {
+    ///         "group": "example.com",
+    ///         "scope": "Namespaced",
+    ///         "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+    ///         "versions": [{"name": "v1", "served": true, "storage": true, "subresources": {"status": {}},
+    ///                       "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}],
+    ///     },
+    /// })).unwrap();
+    /// let operator = Operator::new().crd(crd);
+    /// ```
+    ///
+    /// With a `#[derive(kube::CustomResource)]` type, `.crd(Widget::crd())`.
+    pub fn crd(mut self, crd: CustomResourceDefinition) -> Self {
+        self.crds.push(crd);
+        self
+    }
+
+    /// Declares what the handlers do with their own client, for `rbac generate` and `rbac verify`
+    /// (kactor derives what it does itself, not what handlers do): `verbs` on `resource` (a plural,
+    /// or `plural/subresource`) of API `group` (`""`: core), and why. The rule goes where the
+    /// operator serves: a Role in each namespace with `-n`, else the ClusterRole; Kubernetes' own
+    /// cluster-scoped resources always go in the ClusterRole.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// let operator = Operator::new().permission(
+    ///     "apps",
+    ///     "deployments",
+    ///     &["get", "create", "patch", "delete"],
+    ///     "each Memcached owns a Deployment",
+    /// );
+    /// ```
+    pub fn permission(mut self, group: &str, resource: &str, verbs: &[&str], why: &str) -> Self {
+        self.permissions.push(crate::rbac::Extra {
+            group: group.to_string(),
+            resource: resource.to_string(),
+            verbs: verbs.iter().map(|v| v.to_string()).collect(),
+            why: why.to_string(),
+        });
+        self
+    }
+
+    /// What `rbac generate`, `rbac verify` and `crds` read from this operator.
+    pub(crate) fn blueprint(&self) -> crate::rbac::Blueprint<'_> {
+        crate::rbac::Blueprint {
+            registry: &self.registry,
+            peering: &self.peering,
+            leader_election: self.leader_election.as_ref(),
+            client: self.client.as_ref(),
+            crds: &self.crds,
+            extra: &self.permissions,
+        }
+    }
+
+    /// Parses the command line and does what it says: `run` (the default subcommand; see
+    /// [`crate::cli::RunArgs`] for every option and its `KACTOR_...` environment variable) sets up
+    /// logging and runs until SIGINT or SIGTERM; `rbac generate`, `rbac verify` and `crds` print what
+    /// the operator needs in a cluster ([`crate::cli::Manifests`]). A usage error prints clap's
+    /// message and exits with status 2, as command lines do; `rbac verify` returns an error (exit
+    /// status 1 from `main`) when a permission is missing.
     ///
     /// ```no_run
     /// # use kactor::prelude::*;
@@ -669,7 +742,19 @@ impl Operator {
     /// ```
     pub async fn run_from_args(self) -> Result<()> {
         let cli = OperatorCli::parse_from(std::env::args_os()).unwrap_or_else(|error| error.exit());
-        let args = cli.into_run_args();
+        let args = match cli.command() {
+            Command::Run(args) => args,
+            Command::Manifests(manifests) => {
+                return manifests
+                    .execute(
+                        &self,
+                        &mut std::io::stdin(),
+                        &mut std::io::stdout(),
+                        &mut std::io::stderr(),
+                    )
+                    .await;
+            }
+        };
         match crate::logging::init(&args.log_settings()) {
             Ok(()) | Err(crate::logging::LoggingError::AlreadyInitialized) => {}
             Err(error) => return Err(error.into()),

@@ -6,10 +6,14 @@
 //! label and field selectors, merge and JSON patches, conflicts, discovery, OpenAPI, and CRDs that
 //! serve their kinds at once. `kubectl`, the Python client and Kopf work against it unchanged.
 //!
-//! It is not a cluster: no controllers run (a Deployment makes no pods), there is no authentication or
-//! admission beyond validation, and strategic merge patch behaves as a merge patch.
+//! It is not a cluster: no controllers run (a Deployment makes no pods), there is no admission beyond
+//! validation, and strategic merge patch behaves as a merge patch. Every request is allowed, unless
+//! the emulator runs in RBAC mode ([`EmulatorBuilder::rbac`]): then requests are authorized by the
+//! Roles, ClusterRoles and bindings stored in it, as a cluster does, so that tests catch the
+//! permissions an operator lacks ([`Emulator::client_as_service_account`]).
 //!
-//! Start with [`Emulator::start`]; [`Faults`] injects failures; `store.rs` holds the write rules.
+//! Start with [`Emulator::start`]; [`Faults`] injects failures; `store.rs` holds the write rules,
+//! `rbac.rs` the authorizer.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
@@ -20,9 +24,11 @@
 //! # Ok(()) }
 //! ```
 
+mod auth;
 mod faults;
 mod openapi;
 mod patch;
+mod rbac;
 mod registry;
 pub mod samples;
 mod schema;
@@ -41,6 +47,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+pub use auth::{service_account_token, ADMIN_TOKEN};
 pub use faults::{Failure, Faults, Matcher};
 pub use server::KUBERNETES_VERSION;
 pub use status::{ApiError, Cause};
@@ -82,6 +89,9 @@ pub struct Settings {
     pub history_limit: usize,
     /// The largest request body accepted; default 3 MiB, as the API server's limit.
     pub max_body_bytes: usize,
+    /// Authorize every request by the RBAC objects stored in the emulator (see
+    /// [`EmulatorBuilder::rbac`]). Default false: every request is allowed.
+    pub rbac: bool,
 }
 
 impl Default for Settings {
@@ -91,6 +101,7 @@ impl Default for Settings {
             bookmark_interval: Duration::from_secs(10),
             history_limit: 10_000,
             max_body_bytes: 3 * 1024 * 1024,
+            rbac: false,
         }
     }
 }
@@ -129,6 +140,30 @@ impl EmulatorBuilder {
     /// Keep this many events per kind.
     pub fn history_limit(mut self, events: usize) -> Self {
         self.settings.history_limit = events;
+        self
+    }
+
+    /// Authorizes requests as a cluster's RBAC authorizer does (default: off, every request is
+    /// allowed).
+    ///
+    /// In RBAC mode, the administrator's requests ([`Emulator::client`], the written kubeconfig: the
+    /// token [`ADMIN_TOKEN`], a member of `system:masters`) are allowed everything; a service
+    /// account's ([`Emulator::client_as_service_account`]) are allowed what the Roles, ClusterRoles,
+    /// RoleBindings and ClusterRoleBindings stored in the emulator grant it, and denied with the API
+    /// server's 403 `Forbidden` otherwise; requests without a token are anonymous, and unknown tokens
+    /// get a 401. Discovery (`/api`, `/apis`), `/openapi`, `/version` and the health paths are open to
+    /// everyone.
+    ///
+    /// ```no_run
+    /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+    /// use kactor_emulator::Emulator;
+    /// let emulator = Emulator::builder().rbac(true).start().await?;
+    /// // Create the ServiceAccount and its RBAC as the administrator (emulator.client()), then:
+    /// let operator = emulator.client_as_service_account("ops", "my-operator")?;
+    /// # Ok(()) }
+    /// ```
+    pub fn rbac(mut self, enabled: bool) -> Self {
+        self.settings.rbac = enabled;
         self
     }
 
@@ -210,15 +245,39 @@ impl Emulator {
         self.addr
     }
 
-    /// A client for it (cheap to clone; default namespace `default`).
+    /// A client for it, as its administrator (cheap to clone; default namespace `default`).
     pub fn client(&self) -> kube::Client {
         self.client.clone()
     }
 
-    /// A client configuration for it, to build clients with other settings (kube's default client
-    /// retries 429, 503 and 504 answers by itself; set `default_retry = false` to see them).
+    /// A client configuration for it, as its administrator, to build clients with other settings
+    /// (kube's default client retries 429, 503 and 504 answers by itself; set `default_retry = false`
+    /// to see them).
     pub fn config(&self) -> kube::Config {
         config_for(&self.url)
+    }
+
+    /// A client that sends the token of the service account `namespace/name`
+    /// (`system:serviceaccount:<namespace>:<name>`), with `namespace` as its default namespace, as a
+    /// pod running as that service account has. In RBAC mode ([`EmulatorBuilder::rbac`]) its requests
+    /// are allowed what the RBAC objects stored in the emulator grant it, and the ServiceAccount
+    /// object must exist (a 401 otherwise); without RBAC mode they are allowed everything.
+    pub fn client_as_service_account(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<kube::Client, Error> {
+        Ok(kube::Client::try_from(
+            self.config_as_service_account(namespace, name),
+        )?)
+    }
+
+    /// The configuration of [`client_as_service_account`](Self::client_as_service_account).
+    pub fn config_as_service_account(&self, namespace: &str, name: &str) -> kube::Config {
+        let mut config = config_for(&self.url);
+        config.default_namespace = namespace.to_string();
+        config.auth_info.token = Some(service_account_token(namespace, name).into());
+        config
     }
 
     /// The fault controls.
@@ -273,10 +332,13 @@ impl Drop for Emulator {
     }
 }
 
+/// The administrator's configuration for an emulator at `url`.
 fn config_for(url: &str) -> kube::Config {
     // A URL made of "http://" and a socket address always parses.
     let uri: hyper::Uri = url.parse().expect("http://<socket address> is a valid URI");
-    kube::Config::new(uri)
+    let mut config = kube::Config::new(uri);
+    config.auth_info.token = Some(ADMIN_TOKEN.to_string().into());
+    config
 }
 
 /// A kubeconfig for an emulator at `url`.
@@ -297,7 +359,7 @@ pub fn kubeconfig(url: &str) -> kube::config::Kubeconfig {
         auth_infos: vec![NamedAuthInfo {
             name: NAME.into(),
             auth_info: Some(AuthInfo {
-                token: Some("emulator".to_string().into()),
+                token: Some(ADMIN_TOKEN.to_string().into()),
                 ..Default::default()
             }),
             ..Default::default()

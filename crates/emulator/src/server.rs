@@ -24,6 +24,7 @@ use tokio::time::Instant;
 
 use crate::faults::{Failure, Faults, Matcher};
 use crate::patch::PatchKind;
+use crate::rbac;
 use crate::registry::{GroupResource, ResourceType};
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::status::{ApiError, ApiResult};
@@ -255,6 +256,14 @@ async fn route(shared: &Arc<Shared>, request: Request<Incoming>) -> ApiResult<Re
         })
         .collect();
     let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
+    if shared.settings.rbac {
+        let attributes = rbac::Attributes::of(&call.method, &segments, &call.query);
+        let authorization = parts
+            .headers
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        rbac::check(&shared.state(), authorization, &attributes)?;
+    }
     let get = call.method == Method::GET;
     match segments.as_slice() {
         [] if get => ok(

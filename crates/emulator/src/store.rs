@@ -310,6 +310,14 @@ impl State {
         self.collections.get(gr).map(|c| c.notify.subscribe())
     }
 
+    /// Every object of a kind, in key order (none if the kind is not stored).
+    pub fn objects(&self, gr: &GroupResource) -> impl Iterator<Item = &Arc<Value>> {
+        self.collections
+            .get(gr)
+            .into_iter()
+            .flat_map(|c| c.objects.values())
+    }
+
     /// How many objects there are in all.
     pub fn object_count(&self) -> usize {
         self.collections.values().map(|c| c.objects.len()).sum()
