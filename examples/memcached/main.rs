@@ -1,0 +1,353 @@
+//! The memcached operator of the Operator SDK quickstart, written with kactor.
+//!
+//! ```sh
+//! cargo run --example memcached                      # no cluster configured: a demo on the embedded emulator
+//! cargo run --example memcached -- --emulator        # the same, even with a cluster configured
+//! cargo run --example memcached -- crds | kubectl apply -f -
+//! cargo run --example memcached -- run -A --liveness http://0.0.0.0:8080/healthz   # against the cluster
+//! ```
+//!
+//! The operator itself is in `operator.rs`; this file is its command line: kactor's `run` options
+//! (`-n`, `-A`, `--liveness`, `-v`, ... see `--help`) plus `--emulator`, and the demo.
+
+mod operator;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::builder::BoolishValueParser;
+use clap::parser::ValueSource;
+use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kactor::cli::RunArgs;
+use kactor::emulator::Emulator;
+use kactor::logging::LogFormat;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::CustomResourceExt;
+use operator::{Memcached, MemcachedSpec};
+
+/// The memcached operator: a `Memcached` (cache.example.com/v1alpha1) gets a Deployment of
+/// `spec.size` memcached pods.
+///
+/// `run` is the default command: `memcached -n team-a` is `memcached run -n team-a`.
+#[derive(Parser)]
+#[command(
+    name = "memcached",
+    version,
+    args_conflicts_with_subcommands = true,
+    disable_help_subcommand = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: Run,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the operator (the default command).
+    Run(Run),
+    /// kactor's `rbac generate`, `rbac verify` and `crds`: what the operator needs in a cluster.
+    #[command(flatten)]
+    Manifests(kactor::cli::Manifests),
+}
+
+/// The options of `run`: kactor's, and the emulator switch.
+#[derive(clap::Args)]
+struct Run {
+    /// Run on an embedded, in-memory Kubernetes API server and play a short demo. The default
+    /// when no cluster is configured (no KUBECONFIG, no ~/.kube/config, not in a pod).
+    ///
+    /// The emulator runs no controllers: Deployments make no pods. Logs are in the plain format
+    /// unless --log-format says otherwise.
+    #[arg(
+        long,
+        env = "MEMCACHED_EMULATOR",
+        action = ArgAction::SetTrue,
+        value_parser = BoolishValueParser::new(),
+    )]
+    emulator: bool,
+    #[command(flatten)]
+    args: RunArgs,
+}
+
+/// The demo's namespace and object.
+const NAMESPACE: &str = "default";
+const DEMO_NAME: &str = "example-memcached";
+
+/// How long the demo waits for the operator at each step before it gives up: far more than it
+/// needs, even on a loaded machine.
+const DEMO_WAIT: Duration = Duration::from_secs(60);
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let mut command = Cli::command();
+    let matches = command.get_matches_mut();
+    let cli =
+        Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.format(&mut command).exit());
+    let (run, run_matches) = match (cli.command, matches.subcommand()) {
+        (Some(Command::Manifests(command)), _) => return manifests(command).await,
+        (Some(Command::Run(run)), Some((_, run_matches))) => (run, run_matches),
+        (_, _) => (cli.run, &matches),
+    };
+    let emulator = run.emulator || !cluster_configured();
+    let mut logging = run.args.log_settings();
+    if emulator && run_matches.value_source("log_format") == Some(ValueSource::DefaultValue) {
+        // On a terminal, next to the demo's lines, the message alone reads best.
+        logging.format = LogFormat::Plain;
+    }
+    if let Err(error) = kactor::logging::init(&logging) {
+        eprintln!("memcached: error: {error}");
+        return ExitCode::FAILURE;
+    }
+    let result = if emulator {
+        let why = if run.emulator {
+            "--emulator"
+        } else {
+            "no cluster configured: no KUBECONFIG, no ~/.kube/config, not in a pod"
+        };
+        on_emulator(run.args, why).await
+    } else {
+        on_cluster(run.args).await
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // One line: what happened, with its causes.
+            eprintln!("memcached: error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the operator against the configured cluster, as any operator: the CRD must be installed
+/// (`memcached crds | kubectl apply -f -`).
+async fn on_cluster(args: RunArgs) -> anyhow::Result<()> {
+    if let Some(warning) = args.scope_warning() {
+        tracing::warn!("{warning}");
+    }
+    operator::operator(operator::drift_check())?
+        .with_args(&args)
+        .run()
+        .await?;
+    Ok(())
+}
+
+/// Starts the emulator, installs the CRD, runs the operator on it, plays the demo, and serves
+/// until Ctrl-C.
+async fn on_emulator(args: RunArgs, why: &str) -> anyhow::Result<()> {
+    let emulator = Emulator::start().await?;
+    let kubeconfig = std::env::temp_dir().join(format!(
+        "kactor-memcached-{}.kubeconfig",
+        emulator.addr().port()
+    ));
+    emulator.write_kubeconfig(&kubeconfig)?;
+    install_crd(&emulator.client()).await?;
+    let liveness = match &args.liveness {
+        Some(url) => url.clone(),
+        None => format!("http://127.0.0.1:{}/healthz", health_port()?),
+    };
+    let base = server_base(&liveness);
+    println!("The memcached operator, made with kactor, on an embedded Kubernetes API emulator");
+    println!("({why}).");
+    println!();
+    println!(
+        "  API server  {} (in this process, in memory; no pods really run)",
+        emulator.url()
+    );
+    println!("  kubectl     export KUBECONFIG={}", kubeconfig.display());
+    println!("  liveness    {liveness}");
+    println!("  readiness   {base}/readyz");
+    println!("  metrics     {base}/metrics");
+    println!(
+        "  CRD         memcacheds.cache.example.com, installed (made from the Rust type Memcached)"
+    );
+    println!();
+
+    // The emulator has no other operators to peer with.
+    let operator = operator::operator(operator::drift_check())?
+        .with_args(&args)
+        .client(emulator.client())
+        .standalone()
+        .liveness(&liveness);
+    let demo = tokio::spawn(demo(emulator.client(), kubeconfig.clone()));
+    // Until SIGINT (Ctrl-C) or SIGTERM.
+    let result = operator.run().await;
+    demo.abort();
+    remove_kubeconfig(&kubeconfig);
+    println!("Stopped.");
+    result?;
+    Ok(())
+}
+
+/// The demo: what a user would do with kubectl, done through the API, with what the operator did
+/// in response. A failed step ends the demo, not the operator.
+async fn demo(client: kube::Client, kubeconfig: PathBuf) {
+    if let Err(error) = play(&client).await {
+        println!("The demo stopped: {error:#}");
+        return;
+    }
+    println!();
+    println!("Demo finished. The operator keeps running; try it yourself, in another terminal:");
+    println!("  export KUBECONFIG={}", kubeconfig.display());
+    println!(
+        r#"  echo '{{"apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached", "metadata": {{"name": "mine"}}, "spec": {{"size": 2}}}}' | kubectl apply -f -"#
+    );
+    println!("  kubectl get memcacheds,deployments");
+    println!(r#"  kubectl patch memcached mine --type=merge -p '{{"spec": {{"size": 4}}}}'"#);
+    println!("  kubectl delete memcached mine");
+    println!("Ctrl-C to stop.");
+}
+
+async fn play(client: &kube::Client) -> anyhow::Result<()> {
+    let memcacheds: Api<Memcached> = Api::namespaced(client.clone(), NAMESPACE);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+    let object = format!("{NAMESPACE}/{DEMO_NAME}");
+    println!("Demo: the life of a Memcached. The operator's log lines come in between.");
+    println!();
+
+    println!("1. Creating the Memcached {object} with spec.size=3.");
+    memcacheds
+        .create(
+            &PostParams::default(),
+            &Memcached::new(DEMO_NAME, MemcachedSpec { size: 3 }),
+        )
+        .await
+        .context("cannot create the Memcached")?;
+    until_replicas(&deployments, Some(3)).await?;
+    println!(
+        "   Its create handler made the Deployment {object}: 3 replicas of {}, owned by the Memcached.",
+        operator::IMAGE
+    );
+    println!(
+        "   kactor's finalizer on the Memcached makes its deletion wait for the delete handler."
+    );
+
+    println!("2. Scaling: spec.size 3 -> 5.");
+    let patch = serde_json::json!({"spec": {"size": 5}});
+    memcacheds
+        .patch(DEMO_NAME, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .context("cannot change spec.size")?;
+    until_replicas(&deployments, Some(5)).await?;
+    println!("   Its spec.size handler scaled the Deployment {object} to 5 replicas.");
+
+    println!("3. Deleting the Memcached.");
+    memcacheds
+        .delete(DEMO_NAME, &DeleteParams::default())
+        .await
+        .context("cannot delete the Memcached")?;
+    until_replicas(&deployments, None).await?;
+    println!("   Its delete handler deleted the Deployment {object}: the Deployment is gone.");
+    let memcacheds = &memcacheds;
+    until("the Memcached to go", move || async move {
+        Ok(memcacheds.get_opt(DEMO_NAME).await?.is_none())
+    })
+    .await?;
+    println!("   kactor removed its finalizer: the Memcached is gone.");
+    Ok(())
+}
+
+/// Waits until the demo Deployment has `expected` replicas (`None`: until it is gone).
+async fn until_replicas(
+    deployments: &Api<Deployment>,
+    expected: Option<i32>,
+) -> anyhow::Result<()> {
+    let what = match expected {
+        Some(n) => format!("the Deployment to have {n} replicas"),
+        None => "the Deployment to go".to_string(),
+    };
+    until(&what, move || async move {
+        let deployment = deployments.get_opt(DEMO_NAME).await?;
+        let replicas = deployment.map(|d| d.spec.and_then(|s| s.replicas).unwrap_or(1));
+        Ok(replicas == expected)
+    })
+    .await
+}
+
+/// Asks until `check` says yes, for up to [`DEMO_WAIT`].
+async fn until<F, Fut>(what: &str, mut check: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = kube::Result<bool>>,
+{
+    let deadline = tokio::time::Instant::now() + DEMO_WAIT;
+    while !check().await? {
+        if tokio::time::Instant::now() > deadline {
+            anyhow::bail!("waited {DEMO_WAIT:?} for {what}, in vain");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// Installs the CRD made from the `Memcached` type; one that exists already is fine.
+async fn install_crd(client: &kube::Client) -> anyhow::Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    match crds.create(&PostParams::default(), &Memcached::crd()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(()),
+        Err(error) => Err(error).context("cannot install the Memcached CRD"),
+    }
+}
+
+/// `memcached rbac generate|verify` and `memcached crds`, as every kactor operator has them.
+async fn manifests(command: kactor::cli::Manifests) -> ExitCode {
+    let result = match operator::operator(operator::drift_check()) {
+        Ok(operator) => {
+            command
+                .execute(
+                    &operator,
+                    &mut std::io::stdin(),
+                    &mut std::io::stdout(),
+                    &mut std::io::stderr(),
+                )
+                .await
+        }
+        Err(error) => Err(error),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("memcached: error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Whether credentials for a cluster are configured where kube's client looks for them.
+fn cluster_configured() -> bool {
+    let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
+    let home_config = std::env::var_os("HOME")
+        .or_else(|| std::env::var_os("USERPROFILE"))
+        .is_some_and(|home| Path::new(&home).join(".kube").join("config").is_file());
+    set("KUBECONFIG") || home_config || set("KUBERNETES_SERVICE_HOST")
+}
+
+/// The health server's port for the demo: 8080, or any free one if 8080 is taken.
+fn health_port() -> anyhow::Result<u16> {
+    // The probe listener closes at once: the operator's health server binds the port next.
+    if TcpListener::bind(("127.0.0.1", 8080)).is_ok() {
+        return Ok(8080);
+    }
+    let listener = TcpListener::bind(("127.0.0.1", 0)).context("cannot find a free port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// `http://host:port` of a liveness URL `http://host:port/path`.
+fn server_base(url: &str) -> String {
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    let authority = rest.split('/').next().unwrap_or(rest);
+    format!("http://{authority}")
+}
+
+fn remove_kubeconfig(path: &Path) {
+    if let Err(error) = std::fs::remove_file(path) {
+        tracing::debug!(%error, path = %path.display(), "cannot remove the kubeconfig");
+    }
+}

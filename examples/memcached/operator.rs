@@ -1,0 +1,396 @@
+//! The memcached operator of the Operator SDK quickstart, the kactor way.
+//!
+//! A `Memcached` (`cache.example.com/v1alpha1`) asks for `spec.size` memcached pods; the operator
+//! keeps a Deployment of that many replicas, named after the `Memcached` and owned by it:
+//!
+//! | when                                   | handler             | what it does                           |
+//! |----------------------------------------|---------------------|----------------------------------------|
+//! | a `Memcached` appears                  | `create_deployment` | applies the Deployment                 |
+//! | the operator starts and finds one      | `resume_deployment` | applies it again (it may have drifted) |
+//! | `spec.size` changes                    | `scale/spec.size`   | patches the Deployment's replicas      |
+//! | every 30 s, after 10 s without changes | `check_drift`       | repairs drift, fills `status.nodes`    |
+//! | the `Memcached` is deleted             | `delete_deployment` | deletes the Deployment                 |
+//!
+//! Where controller-runtime has one `Reconcile` that works out what happened, kactor calls the
+//! handler for what happened, and keeps on the object (Kopf's way) which handlers have succeeded: a
+//! restarted operator does not redo what was done.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodSpec, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
+use kactor::prelude::*;
+use kactor::prometheus::{IntCounterVec, Opts};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams};
+use kube::{CustomResource, CustomResourceExt, Resource, ResourceExt};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The image of the memcached containers, as in the quickstart.
+pub const IMAGE: &str = "memcached:1.6-alpine";
+
+/// Who the operator's server-side applies are from: the API server records which fields this
+/// manager owns (`kubectl get deployment -o yaml --show-managed-fields`).
+pub const FIELD_MANAGER: &str = "memcached-operator";
+
+/// The label that ties a Deployment and its pods to their `Memcached`.
+pub const CR_LABEL: &str = "memcached_cr";
+
+/// How soon a failed API call is tried again. A handler that fails with another error is retried
+/// after kactor's default backoff (60 s, as in Kopf), which is long for a busy API server.
+const RETRY_DELAY: Duration = Duration::from_secs(10);
+
+// The CRD comes from these types: `Memcached::crd()` (`kube::CustomResourceExt`). Their doc
+// comments become its descriptions, which `kubectl explain memcached.spec` shows.
+
+/// The desired state of a Memcached.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "cache.example.com",
+    version = "v1alpha1",
+    kind = "Memcached",
+    doc = "A memcached cluster: a Deployment of spec.size memcached pods, kept by the memcached operator.",
+    namespaced,
+    status = "MemcachedStatus",
+    shortname = "mc",
+    printcolumn(name = "Size", type_ = "integer", json_path = ".spec.size"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+pub struct MemcachedSpec {
+    /// How many memcached pods to run.
+    #[schemars(range(min = 0))]
+    pub size: i32,
+}
+
+/// The observed state of a Memcached. Besides nodes, the operator keeps each handler's result
+/// here, under the handler's id.
+//
+// kactor stores handler results under `status.<handler id>`, as Kopf does: the schema must keep
+// fields it does not name (`x-kubernetes-preserve-unknown-fields`), or the API server drops them.
+// This type reads `nodes` only; `ctx.status()` has all of it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct MemcachedStatus {
+    /// The names of the memcached pods.
+    #[serde(default)]
+    pub nodes: Vec<String>,
+}
+
+/// The drift check's schedule: every 30 s, once the `Memcached` has not changed for 10 s (so it
+/// never competes with the handlers reacting to a change).
+pub fn drift_check() -> Timer {
+    Timer::every(Duration::from_secs(30)).idle(Duration::from_secs(10))
+}
+
+/// The operator: its handlers for `Memcached` objects, a probe, and a metric. Tests pass a fast
+/// `drift_check`; `main` passes [`drift_check()`].
+///
+/// It fails only if the metric cannot be registered (a name clash on the operator's registry).
+pub fn operator(drift_check: Timer) -> kactor::Result<Operator> {
+    let memcacheds = Selector::of::<Memcached>();
+    let operator = Operator::new();
+    // Served at /metrics with kactor's own metrics. Labels name kinds of change, never objects.
+    let changes = IntCounterVec::new(
+        Opts::new(
+            "memcached_deployment_changes_total",
+            "Changes the memcached operator made to Deployments, by kind of change",
+        ),
+        &["change"],
+    )?;
+    operator
+        .metrics()
+        .registry()
+        .register(Box::new(changes.clone()))?;
+    // Each handler owns a handle on the counters (an `Arc` inside: cloning is cheap).
+    Ok(operator
+        // `memcached crds` prints it; `rbac generate` reads its scope and status subresource.
+        .crd(Memcached::crd())
+        // What the handlers do with their own client, for `rbac generate`.
+        .permission(
+            "apps",
+            "deployments",
+            &["get", "create", "patch", "delete"],
+            "each Memcached owns a Deployment: created (server-side apply), scaled, checked, deleted",
+        )
+        .permission("", "pods", &["list"], "status.nodes lists the memcached pods")
+        .on_create(memcacheds.clone(), "create_deployment", {
+            let changes = changes.clone();
+            move |ctx: Ctx| ensure_deployment(ctx, changes.clone())
+        })
+        .on_resume(memcacheds.clone(), "resume_deployment", {
+            let changes = changes.clone();
+            move |ctx: Ctx| ensure_deployment(ctx, changes.clone())
+        })
+        // A new `Memcached` has no old size: its Deployment is the create handler's job.
+        .on_field(
+            memcacheds.clone(),
+            "spec.size",
+            On::id("scale").old(ValueFilter::Present),
+            {
+                let changes = changes.clone();
+                move |ctx: Ctx| scale(ctx, changes.clone())
+            },
+        )
+        .timer(memcacheds.clone(), "check_drift", drift_check, {
+            let changes = changes.clone();
+            move |ctx: Ctx| check_drift(ctx, changes.clone())
+        })
+        // A delete handler holds kactor's finalizer on every `Memcached`, so it runs even if the
+        // operator was down when the object was deleted.
+        .on_delete(memcacheds, "delete_deployment", {
+            let changes = changes.clone();
+            move |ctx: Ctx| delete_deployment(ctx, changes.clone())
+        })
+        // Its result is part of what /healthz answers: {"deployment_changes": {"applied": 1, ...}}.
+        .on_probe("deployment_changes", move |_ctx: ActivityCtx| {
+            let counts: BTreeMap<&str, u64> = CHANGES
+                .into_iter()
+                .map(|change| (change, changes.with_label_values(&[change]).get()))
+                .collect();
+            async move { Ok(counts) }
+        }))
+}
+
+/// The kinds of change counted in `memcached_deployment_changes_total{change}`.
+const CHANGES: [&str; 4] = ["applied", "scaled", "repaired", "deleted"];
+
+/// Create and resume: makes the Deployment what the `Memcached` asks for, creating it if missing.
+///
+/// Server-side apply is "create or update" in one idempotent call: running it twice, or on a
+/// Deployment that exists already, is no error (no 409 to handle).
+async fn ensure_deployment(ctx: Ctx, changes: IntCounterVec) -> Result<Value, HandlerError> {
+    let memcached = memcached_of(&ctx)?;
+    let deployment = apply_deployment(&ctx, &memcached).await?;
+    changes.with_label_values(&["applied"]).inc();
+    let message = format!(
+        "Deployment {} has {} replicas of {IMAGE}.",
+        deployment.name_any(),
+        memcached.spec.size
+    );
+    ctx.logger().info(&message);
+    ctx.info("Deployment", &message); // a Kubernetes Event: `kubectl describe memcached ...`
+    Ok(json!({
+        "deployment": deployment.name_any(),
+        "replicas": memcached.spec.size,
+    }))
+}
+
+/// `spec.size` changed: scales the Deployment. Returns `{"replicas": N}`, stored by kactor in
+/// `status["scale/spec.size"]`.
+async fn scale(ctx: Ctx, changes: IntCounterVec) -> Result<Value, HandlerError> {
+    let memcached = memcached_of(&ctx)?;
+    let size = memcached.spec.size;
+    let deployments = deployments_of(&ctx, &memcached);
+    // A merge patch changes only what it names: the rest of the Deployment stays as it is.
+    let patch = json!({"spec": {"replicas": size}});
+    match deployments
+        .patch(
+            &memcached.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => {}
+        // Someone deleted it: make it again, at the new size.
+        Err(kube::Error::Api(status)) if status.is_not_found() => {
+            apply_deployment(&ctx, &memcached).await?;
+        }
+        Err(error) => return Err(retry("cannot scale the Deployment", error)),
+    }
+    changes.with_label_values(&["scaled"]).inc();
+    let old = ctx.old().map_or_else(|| "?".to_string(), Value::to_string);
+    let message = format!("Scaled the Deployment from {old} to {size} replicas.");
+    ctx.logger().info(&message);
+    ctx.info("Scaled", &message);
+    Ok(json!({"replicas": size}))
+}
+
+/// The `Memcached` is being deleted: deletes its Deployment before kactor releases the finalizer.
+///
+/// The owner reference alone would have the garbage collector delete the Deployment once the
+/// `Memcached` is gone. A delete handler is where cleanup goes that no owner reference can do
+/// (anything outside the cluster); here it makes the deletion explicit, and logged.
+async fn delete_deployment(ctx: Ctx, changes: IntCounterVec) -> Result<(), HandlerError> {
+    let memcached = memcached_of(&ctx)?;
+    let name = memcached.name_any();
+    // Background: the Deployment goes now, its ReplicaSets and pods right after.
+    match deployments_of(&ctx, &memcached)
+        .delete(&name, &DeleteParams::background())
+        .await
+    {
+        Ok(_) => {
+            changes.with_label_values(&["deleted"]).inc();
+            ctx.logger()
+                .info(format!("Deleted the Deployment {name}: cleanup done."));
+        }
+        Err(kube::Error::Api(status)) if status.is_not_found() => {
+            ctx.logger().info(format!(
+                "The Deployment {name} is gone already: cleanup done."
+            ));
+        }
+        Err(error) => return Err(retry("cannot delete the Deployment", error)),
+    }
+    Ok(())
+}
+
+/// The drift check: what the handlers made may have been changed by others since (a deleted
+/// Deployment, replicas scaled by hand); this puts it back, and lists the pods in `status.nodes`.
+///
+/// A timer's context holds the newest body of its object: the size checked is the current one. It
+/// runs only after 10 s without changes, so it never fights the handlers reacting to a change.
+async fn check_drift(ctx: Ctx, changes: IntCounterVec) -> Result<(), HandlerError> {
+    if ctx.meta().deletion_timestamp.is_some() {
+        return Ok(()); // the delete handler's turn
+    }
+    let memcached = memcached_of(&ctx)?;
+    let name = memcached.name_any();
+    let size = memcached.spec.size;
+    let deployments = deployments_of(&ctx, &memcached);
+    let current = deployments
+        .get_opt(&name)
+        .await
+        .map_err(|error| retry("cannot read the Deployment", error))?;
+    let replicas = current
+        .as_ref()
+        .map(|d| d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1));
+    match replicas {
+        None => {
+            ctx.logger().warn(format!(
+                "Drift: the Deployment {name} is missing; recreating it."
+            ));
+            apply_deployment(&ctx, &memcached).await?;
+            changes.with_label_values(&["repaired"]).inc();
+        }
+        Some(replicas) if replicas != size => {
+            ctx.logger().warn(format!(
+                "Drift: the Deployment {name} has {replicas} replicas instead of {size}; scaling it back."
+            ));
+            let patch = json!({"spec": {"replicas": size}});
+            deployments
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(|error| retry("cannot scale the Deployment", error))?;
+            changes.with_label_values(&["repaired"]).inc();
+        }
+        Some(_) => {}
+    }
+    // The pods are the Deployment's (through its ReplicaSet), found by their label.
+    let pods: Api<Pod> = Api::namespaced(ctx.client(), &namespace_of(&memcached));
+    let listed = pods
+        .list(&ListParams::default().labels(&format!("{CR_LABEL}={name}")))
+        .await
+        .map_err(|error| retry("cannot list the pods", error))?;
+    let mut nodes: Vec<String> = listed.items.iter().map(|pod| pod.name_any()).collect();
+    nodes.sort();
+    if memcached.status.map(|s| s.nodes) != Some(nodes.clone()) {
+        // Sent by kactor after the call, to the status subresource.
+        ctx.patch().status("nodes", json!(nodes));
+    }
+    Ok(())
+}
+
+/// Applies the Deployment for this `Memcached` (creates it, or makes it match).
+async fn apply_deployment(ctx: &Ctx, memcached: &Memcached) -> Result<Deployment, HandlerError> {
+    let deployment = desired_deployment(memcached)?;
+    // `force`: this operator owns these fields, even if someone else changed them since.
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    deployments_of(ctx, memcached)
+        .patch(&memcached.name_any(), &params, &Patch::Apply(&deployment))
+        .await
+        .map_err(|error| retry("cannot apply the Deployment", error))
+}
+
+/// The Deployment a `Memcached` asks for: `size` replicas of memcached, labelled with the
+/// `Memcached`'s name, and owned by it (`kubectl delete memcached` takes it along, and
+/// `kubectl get deployment -o yaml` shows whose it is).
+pub fn desired_deployment(memcached: &Memcached) -> Result<Deployment, HandlerError> {
+    let name = memcached.name_any();
+    let labels = BTreeMap::from([
+        ("app".to_string(), "memcached".to_string()),
+        (CR_LABEL.to_string(), name.clone()),
+    ]);
+    // controller=true: the Memcached manages it. blockOwnerDeletion=true: with foreground
+    // deletion, the Memcached goes only after it. `controller_owner_ref` is None only for an
+    // object without a uid, which an object read from the API server always has.
+    let owner = OwnerReference {
+        block_owner_deletion: Some(true),
+        ..memcached
+            .controller_owner_ref(&())
+            .ok_or_else(|| HandlerError::permanent("the Memcached has no uid"))?
+    };
+    Ok(Deployment {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: Some(namespace_of(memcached)),
+            labels: Some(labels.clone()),
+            owner_references: Some(vec![owner]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(DeploymentSpec {
+            replicas: Some(memcached.spec.size),
+            selector: LabelSelector {
+                match_labels: Some(labels.clone()),
+                ..LabelSelector::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    containers: vec![Container {
+                        name: "memcached".to_string(),
+                        image: Some(IMAGE.to_string()),
+                        command: Some(
+                            ["memcached", "-m=64", "-o", "modern", "-v"]
+                                .map(String::from)
+                                .to_vec(),
+                        ),
+                        ports: Some(vec![ContainerPort {
+                            container_port: 11211,
+                            name: Some("memcached".to_string()),
+                            ..ContainerPort::default()
+                        }]),
+                        ..Container::default()
+                    }],
+                    ..PodSpec::default()
+                }),
+            },
+            ..DeploymentSpec::default()
+        }),
+        ..Deployment::default()
+    })
+}
+
+/// The handler's object as a typed `Memcached`. The API server validated it against the CRD's
+/// schema, so this fails only for a spec that is invalid for good: no use retrying.
+fn memcached_of(ctx: &Ctx) -> Result<Memcached, HandlerError> {
+    ctx.object::<Memcached>()
+        .map_err(|error| HandlerError::permanent(format!("not a valid Memcached: {error}")))
+}
+
+/// The Deployments of the `Memcached`'s namespace.
+fn deployments_of(ctx: &Ctx, memcached: &Memcached) -> Api<Deployment> {
+    Api::namespaced(ctx.client(), &namespace_of(memcached))
+}
+
+/// A namespaced object read from the API server always has its namespace.
+fn namespace_of(memcached: &Memcached) -> String {
+    memcached
+        .namespace()
+        .unwrap_or_else(|| "default".to_string())
+}
+
+/// An API error, retried in [`RETRY_DELAY`]: the API server may be busy, or the Deployment being
+/// changed by someone else; the next attempt starts from what is there then.
+fn retry(what: &str, error: kube::Error) -> HandlerError {
+    HandlerError::temporary(format!("{what}: {error}"), RETRY_DELAY)
+}

@@ -1,0 +1,681 @@
+//! The examples, end to end: the memcached operator against the emulator over real HTTP, its
+//! program as a newcomer first runs it (`cargo run --example memcached`), and the tour's script.
+//!
+//! Nothing is asserted on wall-clock time: what must happen is waited for, up to a generous cap.
+
+mod support;
+
+// The operator of `examples/memcached/`, compiled here as it is there; `main.rs` is the program
+// around it, tested below through the built binary.
+#[allow(dead_code)]
+#[path = "../examples/memcached/operator.rs"]
+mod memcached;
+
+// The tour's operator and script, run here in-process.
+#[allow(dead_code)]
+#[path = "../examples/tour.rs"]
+mod tour;
+
+use std::fmt::Debug;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kactor::emulator::Emulator;
+use kactor::prelude::*;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::{CustomResourceExt, ResourceExt};
+use memcached::{Memcached, MemcachedSpec};
+use serde_json::Value;
+use support::*;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+
+/// An emulator with the `Memcached` CRD, made from the Rust type as the example installs it, and
+/// the APIs the tests use.
+struct Cluster {
+    emulator: Emulator,
+    memcacheds: Api<Memcached>,
+    /// The same objects, untyped: handler results in `status` are not fields of `MemcachedStatus`.
+    raw: Api<DynamicObject>,
+    deployments: Api<Deployment>,
+}
+
+async fn cluster() -> Cluster {
+    let emulator = Emulator::builder()
+        .bookmark_interval(Duration::from_millis(200))
+        .start()
+        .await
+        .unwrap();
+    let client = emulator.client();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &Memcached::crd())
+        .await
+        .unwrap();
+    Cluster {
+        memcacheds: Api::namespaced(client.clone(), "default"),
+        raw: Api::namespaced_with(
+            client.clone(),
+            "default",
+            &ApiResource::erase::<Memcached>(&()),
+        ),
+        deployments: Api::namespaced(client, "default"),
+        emulator,
+    }
+}
+
+/// Waits until a handler's result is in `status.<id>`, and returns it.
+async fn result_of(cluster: &Cluster, name: &str, id: &str) -> Value {
+    let object = support::until(&cluster.raw, name, &format!("status.{id}"), |o| {
+        o.is_some_and(|o| !status(o)[id].is_null())
+    })
+    .await
+    .unwrap();
+    status(&object)[id].clone()
+}
+
+/// The example's operator on the emulator; `drift_check` is its timer's schedule.
+fn memcached_operator(emulator: &Emulator, drift_check: Timer) -> Operator {
+    memcached::operator(drift_check)
+        .expect("the operator's metric registers")
+        .client(emulator.client())
+        .standalone()
+        .settings(|s| {
+            s.watching.reconnect_backoff = Duration::from_millis(10);
+            s.queueing.exit_timeout = Duration::from_millis(500);
+        })
+}
+
+/// The example's own schedule: no drift check runs during a test that does not wait for one.
+fn slow_drift_check() -> Timer {
+    memcached::drift_check()
+}
+
+/// A drift check every 200 ms, for the tests of the drift check.
+fn fast_drift_check() -> Timer {
+    Timer::every(Duration::from_millis(200))
+}
+
+async fn create(memcacheds: &Api<Memcached>, name: &str, size: i32) -> Memcached {
+    memcacheds
+        .create(
+            &PostParams::default(),
+            &Memcached::new(name, MemcachedSpec { size }),
+        )
+        .await
+        .unwrap()
+}
+
+/// Waits until the object passes `check` (None: it does not exist), or fails showing it.
+async fn until<K>(
+    api: &Api<K>,
+    name: &str,
+    what: &str,
+    check: impl Fn(Option<&K>) -> bool,
+) -> Option<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + Debug,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let object = api.get_opt(name).await.unwrap();
+        if check(object.as_ref()) {
+            return object;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}; the object: {}",
+            serde_json::to_string_pretty(&object).unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+fn replicas(deployment: &Deployment) -> Option<i32> {
+    deployment.spec.as_ref()?.replicas
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memcached_gets_a_deployment_of_its_size_labelled_and_owned_by_it() {
+    let cluster = cluster().await;
+    let running = spawn(memcached_operator(&cluster.emulator, slow_drift_check()));
+    let created = create(&cluster.memcacheds, "cache", 3).await;
+
+    let deployment = until(&cluster.deployments, "cache", "the Deployment", |d| {
+        d.is_some()
+    })
+    .await
+    .unwrap();
+    assert_eq!(replicas(&deployment), Some(3));
+    let labels = [("app", "memcached"), ("memcached_cr", "cache")]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .into();
+    assert_eq!(deployment.metadata.labels.as_ref(), Some(&labels));
+    let spec = deployment.spec.as_ref().unwrap();
+    assert_eq!(spec.selector.match_labels.as_ref(), Some(&labels));
+    let template = &spec.template;
+    assert_eq!(
+        template.metadata.as_ref().unwrap().labels.as_ref(),
+        Some(&labels)
+    );
+    let container = &template.spec.as_ref().unwrap().containers[0];
+    assert_eq!(container.image.as_deref(), Some("memcached:1.6-alpine"));
+    assert_eq!(
+        container.command.as_deref(),
+        Some(&["memcached", "-m=64", "-o", "modern", "-v"].map(String::from)[..])
+    );
+    let owners = deployment.owner_references();
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    let owner = &owners[0];
+    assert_eq!(
+        (
+            owner.api_version.as_str(),
+            owner.kind.as_str(),
+            owner.name.as_str()
+        ),
+        ("cache.example.com/v1alpha1", "Memcached", "cache")
+    );
+    assert_eq!(Some(&owner.uid), created.metadata.uid.as_ref());
+    assert_eq!(owner.controller, Some(true));
+    assert_eq!(owner.block_owner_deletion, Some(true));
+
+    // The create handler's result, and the finalizer that the delete handler needs.
+    assert_eq!(
+        result_of(&cluster, "cache", "create_deployment").await,
+        json!({"deployment": "cache", "replicas": 3})
+    );
+    let memcached = cluster.memcacheds.get("cache").await.unwrap();
+    assert!(memcached.finalizers().iter().any(|f| f == FINALIZER));
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changing_the_size_scales_the_deployment_and_shows_in_the_probe_and_metric() {
+    let cluster = cluster().await;
+    let port = free_port();
+    let running = spawn(
+        memcached_operator(&cluster.emulator, slow_drift_check())
+            .liveness(&format!("http://127.0.0.1:{port}/healthz")),
+    );
+    create(&cluster.memcacheds, "cache", 3).await;
+    until(&cluster.deployments, "cache", "3 replicas", |d| {
+        d.and_then(replicas) == Some(3)
+    })
+    .await;
+
+    cluster
+        .memcacheds
+        .patch(
+            "cache",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 5}})),
+        )
+        .await
+        .unwrap();
+    let deployment = until(&cluster.deployments, "cache", "5 replicas", |d| {
+        d.and_then(replicas) == Some(5)
+    })
+    .await
+    .unwrap();
+    // Only the replicas changed.
+    let container = &deployment.spec.unwrap().template.spec.unwrap().containers[0];
+    assert_eq!(container.image.as_deref(), Some("memcached:1.6-alpine"));
+    assert_eq!(
+        result_of(&cluster, "cache", "scale/spec.size").await,
+        json!({"replicas": 5})
+    );
+
+    // The probe's result is part of /healthz; the counter is on /metrics with kactor's.
+    let body = until_answer(port, "/healthz", "the probe's counts", |code, _| {
+        code == 200
+    })
+    .await;
+    let health: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        health["deployment_changes"],
+        json!({"applied": 1, "scaled": 1, "repaired": 0, "deleted": 0}),
+        "{body}"
+    );
+    let metrics = until_answer(port, "/metrics", "the metrics", |code, _| code == 200).await;
+    assert!(
+        metrics.contains("memcached_deployment_changes_total{change=\"scaled\"} 1"),
+        "{metrics}"
+    );
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drift_check_recreates_a_deleted_deployment_and_restores_its_replicas() {
+    let cluster = cluster().await;
+    let deployments = &cluster.deployments;
+    let running = spawn(memcached_operator(&cluster.emulator, fast_drift_check()));
+    create(&cluster.memcacheds, "cache", 2).await;
+    let first = until(deployments, "cache", "the Deployment", |d| d.is_some())
+        .await
+        .unwrap();
+
+    deployments
+        .delete("cache", &DeleteParams::default())
+        .await
+        .unwrap();
+    let second = until(deployments, "cache", "a new Deployment", |d| {
+        d.is_some_and(|d| d.uid() != first.uid())
+    })
+    .await
+    .unwrap();
+    assert_eq!(replicas(&second), Some(2));
+    assert!(second.owner_references().iter().any(|o| o.name == "cache"));
+
+    deployments
+        .patch(
+            "cache",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 7}})),
+        )
+        .await
+        .unwrap();
+    until(deployments, "cache", "the replicas scaled back", |d| {
+        d.and_then(replicas) == Some(2)
+    })
+    .await;
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drift_check_lists_the_pods_of_its_memcached_in_status_nodes() {
+    let cluster = cluster().await;
+    // The emulator runs no controllers: the test plays the ReplicaSet's part.
+    let pods: Api<Pod> = Api::namespaced(cluster.emulator.client(), "default");
+    for (name, owner) in [
+        ("cache-b", "cache"),
+        ("cache-a", "cache"),
+        ("other-a", "other"),
+    ] {
+        let pod = json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": {"app": "memcached", "memcached_cr": owner}},
+            "spec": {"containers": [{"name": "memcached", "image": "memcached:1.6-alpine"}]},
+        });
+        pods.create(
+            &PostParams::default(),
+            &serde_json::from_value(pod).unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+    let running = spawn(memcached_operator(&cluster.emulator, fast_drift_check()));
+    create(&cluster.memcacheds, "cache", 2).await;
+    let nodes = |m: Option<&Memcached>| {
+        m.and_then(|m| m.status.as_ref())
+            .map(|s| s.nodes.clone())
+            .unwrap_or_default()
+    };
+    until(&cluster.memcacheds, "cache", "status.nodes", |m| {
+        nodes(m) == ["cache-a", "cache-b"]
+    })
+    .await;
+
+    pods.delete("cache-b", &DeleteParams::default())
+        .await
+        .unwrap();
+    until(
+        &cluster.memcacheds,
+        "cache",
+        "status.nodes without the deleted pod",
+        |m| nodes(m) == ["cache-a"],
+    )
+    .await;
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_memcached_deletes_its_deployment_then_lets_it_go() {
+    let cluster = cluster().await;
+    let (memcacheds, deployments) = (&cluster.memcacheds, &cluster.deployments);
+    let running = spawn(memcached_operator(&cluster.emulator, slow_drift_check()));
+    create(memcacheds, "cache", 1).await;
+    until(deployments, "cache", "the Deployment", |d| d.is_some()).await;
+    until(memcacheds, "cache", "the finalizer", |m| {
+        m.is_some_and(|m| m.finalizers().iter().any(|f| f == FINALIZER))
+    })
+    .await;
+    // Without its owner reference, the garbage collector would leave the Deployment alone: only
+    // the delete handler can delete it.
+    deployments
+        .patch(
+            "cache",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"ownerReferences": null}})),
+        )
+        .await
+        .unwrap();
+
+    memcacheds
+        .delete("cache", &DeleteParams::default())
+        .await
+        .unwrap();
+    until(deployments, "cache", "the Deployment to go", |d| {
+        d.is_none()
+    })
+    .await;
+    until(memcacheds, "cache", "the Memcached to go", |m| m.is_none()).await;
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_operator_recreates_a_deployment_deleted_while_it_was_down() {
+    let cluster = cluster().await;
+    let running = spawn(memcached_operator(&cluster.emulator, slow_drift_check()));
+    create(&cluster.memcacheds, "cache", 4).await;
+    result_of(&cluster, "cache", "create_deployment").await;
+    running.stop().await;
+
+    cluster
+        .deployments
+        .delete("cache", &DeleteParams::default())
+        .await
+        .unwrap();
+    let running = spawn(memcached_operator(&cluster.emulator, slow_drift_check()));
+    let deployment = until(&cluster.deployments, "cache", "the Deployment again", |d| {
+        d.is_some()
+    })
+    .await
+    .unwrap();
+    assert_eq!(replicas(&deployment), Some(4));
+    assert_eq!(
+        result_of(&cluster, "cache", "resume_deployment").await,
+        json!({"deployment": "cache", "replicas": 4})
+    );
+    running.stop().await;
+}
+
+/// The longest the program's demo may take: far more than it needs, even on a loaded machine.
+const DEMO_WAIT: Duration = Duration::from_secs(120);
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_plays_its_demo_on_the_emulator_and_exits_cleanly_on_sigterm() {
+    let program = memcached_binary();
+    // A newcomer's machine: no cluster configured anywhere.
+    let home = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("memcached-home-{}", std::process::id()));
+    std::fs::create_dir_all(&home).unwrap();
+    let mut child = tokio::process::Command::new(&program)
+        .env("HOME", &home)
+        .env("TMPDIR", &home)
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("RUST_LOG")
+        .env_remove("MEMCACHED_EMULATOR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display()));
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    // The operator's log, read all along so that the program never blocks on a full pipe.
+    let mut stderr = child.stderr.take().unwrap();
+    let logs = tokio::spawn(async move {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text).await;
+        text
+    });
+
+    let mut lines: Vec<String> = Vec::new();
+    let read = tokio::time::timeout(DEMO_WAIT, async {
+        while let Some(line) = stdout.next_line().await.unwrap() {
+            let done = line.starts_with("Demo finished.") || line.starts_with("The demo stopped");
+            lines.push(line);
+            if done {
+                break;
+            }
+        }
+    })
+    .await;
+    let output = lines.join("\n");
+    assert!(
+        read.is_ok(),
+        "the demo did not finish in {DEMO_WAIT:?}; its output:\n{output}"
+    );
+    assert!(output.contains("no cluster configured"), "{output}");
+    assert!(output.contains("Demo finished."), "{output}");
+    for step in [
+        "1. Creating the Memcached default/example-memcached with spec.size=3.",
+        "made the Deployment default/example-memcached: 3 replicas",
+        "2. Scaling: spec.size 3 -> 5.",
+        "scaled the Deployment default/example-memcached to 5 replicas",
+        "3. Deleting the Memcached.",
+        "the Deployment is gone",
+        "the Memcached is gone",
+    ] {
+        assert!(output.contains(step), "no {step:?} in:\n{output}");
+    }
+    let kubeconfig = output
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("kubectl     export KUBECONFIG="))
+        .unwrap_or_else(|| panic!("no kubeconfig in:\n{output}"));
+    assert!(Path::new(kubeconfig).starts_with(&home), "{kubeconfig}");
+    assert!(Path::new(kubeconfig).is_file(), "{kubeconfig}");
+
+    // The printed liveness URL answers.
+    let liveness = output
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("liveness    "))
+        .unwrap_or_else(|| panic!("no liveness URL in:\n{output}"));
+    let port: u16 = liveness
+        .trim_start_matches("http://127.0.0.1:")
+        .trim_end_matches("/healthz")
+        .parse()
+        .unwrap_or_else(|e| panic!("{liveness}: {e}"));
+    let body = until_answer(port, "/healthz", "the liveness probe", |code, _| {
+        code == 200
+    })
+    .await;
+    assert!(body.contains("deployment_changes"), "{body}");
+
+    let pid = child.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = tokio::time::timeout(WAIT, child.wait())
+        .await
+        .expect("the program exits in time after SIGTERM")
+        .unwrap();
+    let mut rest = Vec::new();
+    while let Some(line) = stdout.next_line().await.unwrap() {
+        rest.push(line);
+    }
+    let logs = logs.await.unwrap();
+    assert!(status.success(), "{status}; its log:\n{logs}");
+    assert_eq!(
+        rest.last().map(String::as_str),
+        Some("Stopped."),
+        "{rest:?}"
+    );
+    assert!(
+        !Path::new(kubeconfig).exists(),
+        "the kubeconfig is removed at exit"
+    );
+    let _ = std::fs::remove_dir_all(&home);
+}
+
+#[test]
+fn the_example_prints_the_crd_made_from_its_rust_type() {
+    let output = std::process::Command::new(memcached_binary())
+        .arg("crds")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let yaml = String::from_utf8(output.stdout).unwrap();
+    let printed: CustomResourceDefinition = serde_saphyr::from_str(&yaml).unwrap();
+    assert_eq!(printed, Memcached::crd(), "{yaml}");
+}
+
+/// `deploy/memcached/` holds what the example generates: regenerate them when this fails
+/// (`memcached crds > deploy/memcached/crd.yaml`, and `memcached rbac generate` with the options
+/// below `-o deploy/memcached/rbac.yaml`).
+#[test]
+fn the_deploy_manifests_are_what_the_example_generates() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/memcached");
+    let rbac = [
+        "rbac",
+        "generate",
+        "-A",
+        "--peering",
+        "memcached",
+        "--service-account",
+        "memcached",
+        "--service-account-namespace",
+        "memcached-operator",
+    ];
+    for (args, file) in [(&rbac[..], "rbac.yaml"), (&["crds"][..], "crd.yaml")] {
+        let output = std::process::Command::new(memcached_binary())
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{args:?}: {output:?}");
+        let kept = std::fs::read_to_string(root.join(file)).unwrap();
+        assert_eq!(
+            String::from_utf8(output.stdout).unwrap(),
+            kept,
+            "deploy/memcached/{file} is out of date: regenerate it with `memcached {}`",
+            args.join(" ")
+        );
+    }
+    // The Deployment runs it as that service account, peering through that object.
+    let deployment = std::fs::read_to_string(root.join("deployment.yaml")).unwrap();
+    assert!(deployment.contains("serviceAccountName: memcached"));
+    assert!(deployment.contains("--peering=memcached"));
+    let peering = std::fs::read_to_string(root.join("peering.yaml")).unwrap();
+    assert!(peering.contains("kind: ClusterKopfPeering") && peering.contains("name: memcached"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tour_fires_every_kind_of_handler_with_its_filters_and_errors() {
+    let narrator = tour::Narrator::default();
+    // Each step waits (up to 60 s) for what it shows before the next.
+    tour::play(&narrator).await.unwrap();
+    let said = narrator.lines().join("\n");
+    let count = |text: &str| narrator.count(text);
+    for kind in [
+        "[startup]",
+        "[cleanup]",
+        "[event]",
+        "[create]",
+        "[update]",
+        "[field]",
+        "[resume]",
+        "[delete]",
+        "[daemon]",
+        "[timer]",
+        "[probe]",
+    ] {
+        assert!(count(kind) > 0, "no {kind} in:\n{said}");
+    }
+    // Errors: a temporary one is retried, a permanent one is not (not even after the restart).
+    assert_eq!(count("flaky: demo, attempt 1 fails"), 1, "{said}");
+    assert_eq!(count("flaky: demo, attempt 2 succeeds"), 1, "{said}");
+    assert_eq!(count("[create] strict: strict"), 1, "{said}");
+    // Filters: the annotation, the label, and the new value of a field.
+    assert_eq!(count("[create] strict: demo"), 0, "{said}");
+    for unwatched in ["audit: Added strict", "started for strict", "tick: strict"] {
+        assert_eq!(count(unwatched), 0, "{unwatched:?} in:\n{said}");
+    }
+    assert_eq!(count("[update] grow:"), 1, "{said}");
+    // Changing handlers run once per cause; the daemon stops for the exit, then the deletion.
+    assert_eq!(count("[create] create_fn: demo"), 1, "{said}");
+    assert_eq!(
+        count("monitor: stopping for demo, because OPERATOR_EXITING"),
+        1,
+        "{said}"
+    );
+    assert!(count("/healthz answers 200") == 1, "{said}");
+}
+
+/// The example's binary. `cargo test` builds the examples with the tests (CI's `--all-targets`
+/// too); `cargo test --test examples` does not, so it is built here when missing or older than
+/// its sources.
+fn memcached_binary() -> PathBuf {
+    // Once per test process: the tests that run it may start at the same time.
+    static PROGRAM: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PROGRAM.get_or_init(build_memcached).clone()
+}
+
+fn build_memcached() -> PathBuf {
+    let bin = Path::new(env!("CARGO_BIN_EXE_kactor"));
+    let profile_dir = bin.parent().unwrap();
+    let program = profile_dir
+        .join("examples")
+        .join(format!("memcached{}", std::env::consts::EXE_SUFFIX));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let built = std::fs::metadata(&program).and_then(|m| m.modified()).ok();
+    let sources = ["examples/memcached", "src", "crates", "Cargo.toml"]
+        .iter()
+        .filter_map(|p| newest(&root.join(p)))
+        .max();
+    if built.is_some_and(|built| sources.is_none_or(|sources| sources <= built)) {
+        return program;
+    }
+    let mut cargo = std::process::Command::new(env!("CARGO"));
+    cargo
+        .current_dir(root)
+        .args(["build", "--example", "memcached"]);
+    // Cargo sets these for the tests it runs. A build script that reads one (ring reads
+    // CARGO_MANIFEST_DIR) would rebuild with it here, and again without it in the next build.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        let set_for_tests = name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_BIN_EXE_")
+            || [
+                "CARGO_MANIFEST_DIR",
+                "CARGO_MANIFEST_PATH",
+                "CARGO_CRATE_NAME",
+                "CARGO_BIN_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "CARGO_RUSTC_CURRENT_DIR",
+            ]
+            .contains(&&*name);
+        if set_for_tests {
+            cargo.env_remove(&*name);
+        }
+    }
+    match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => {}
+        Some("release") => {
+            cargo.arg("--release");
+        }
+        Some(profile) => {
+            cargo.args(["--profile", profile]);
+        }
+    }
+    let status = cargo.status().expect("cannot run cargo");
+    assert!(
+        status.success(),
+        "cargo build --example memcached: {status}"
+    );
+    program
+}
+
+/// The newest modification time of the Rust sources and manifests at or under `path` (only those:
+/// files that tests write elsewhere in the tree must not make the binary look stale).
+fn newest(path: &Path) -> Option<SystemTime> {
+    let metadata = std::fs::metadata(path).ok()?;
+    if metadata.is_dir() {
+        return std::fs::read_dir(path)
+            .ok()?
+            .filter_map(|entry| newest(&entry.ok()?.path()))
+            .max();
+    }
+    let source = path
+        .extension()
+        .is_some_and(|extension| extension == "rs" || extension == "toml");
+    source.then(|| metadata.modified().ok()).flatten()
+}
