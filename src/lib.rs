@@ -16,6 +16,7 @@ mod error;
 mod liveness;
 pub mod logging;
 mod operator;
+pub mod rbac;
 
 pub use cli::Scope;
 pub use error::{Error, Result};
@@ -56,3 +57,28 @@ pub use kactor_peering as peering;
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
+
+/// The documentation's examples (`docs/`), compiled as doc tests so that they stay true.
+#[cfg(doctest)]
+pub mod docs {
+    #[doc = include_str!("../docs/health-and-metrics.md")]
+    pub struct HealthAndMetrics;
+    #[doc = include_str!("../docs/migrating-from-kopf.md")]
+    pub struct MigratingFromKopf;
+    #[doc = include_str!("../docs/errors-and-retries.md")]
+    pub struct ErrorsAndRetries;
+    #[doc = include_str!("../docs/testing-with-the-emulator.md")]
+    pub struct TestingWithTheEmulator;
+    #[doc = include_str!("../docs/handlers.md")]
+    pub struct Handlers;
+    #[doc = include_str!("../docs/daemons-and-timers.md")]
+    pub struct DaemonsAndTimers;
+    #[doc = include_str!("../docs/peering-and-leader-election.md")]
+    pub struct PeeringAndLeaderElection;
+    #[doc = include_str!("../docs/comparison.md")]
+    pub struct Comparison;
+    #[doc = include_str!("../docs/getting-started.md")]
+    pub struct GettingStarted;
+    #[doc = include_str!("../docs/deployment-and-rbac.md")]
+    pub struct DeploymentAndRbac;
+}
