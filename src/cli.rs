@@ -512,8 +512,25 @@ pub(crate) fn program_name() -> Option<String> {
     std::env::args_os().next().and_then(|program| {
         std::path::Path::new(&program)
             .file_stem()
-            .map(|stem| stem.to_string_lossy().into_owned())
+            .map(|stem| kubernetes_name(&stem.to_string_lossy()))
+            .filter(|name| !name.is_empty())
     })
+}
+
+/// `name` as a Kubernetes object name (DNS-1123: lowercase letters, digits, `-`, `.`; alphanumeric
+/// at both ends): `ephemeral_volume_claims` becomes `ephemeral-volume-claims`.
+pub(crate) fn kubernetes_name(name: &str) -> String {
+    let name: String = name
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9' | '-' | '.') => c,
+            _ => '-',
+        })
+        .collect();
+    name.trim_matches(|c: char| !c.is_ascii_alphanumeric())
+        .chars()
+        .take(253)
+        .collect()
 }
 
 impl OperatorCli {
@@ -621,6 +638,17 @@ fn resolve_log_prefix(run: &mut RunArgs, matches: &ArgMatches) {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn program_names_become_kubernetes_names() {
+        assert_eq!(
+            kubernetes_name("ephemeral_volume_claims"),
+            "ephemeral-volume-claims"
+        );
+        assert_eq!(kubernetes_name("My.Operator"), "my.operator");
+        assert_eq!(kubernetes_name("_op_"), "op");
+        assert_eq!(kubernetes_name("__"), "");
+    }
 
     /// Serialises the tests that read or write the `KACTOR_*` environment variables, which the test
     /// threads share.

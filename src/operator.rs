@@ -784,16 +784,12 @@ impl Operator {
             operator = operator.identity(&kactor_peering::peering::identity());
         }
         if args.leader_election {
-            let program = std::env::args().next().and_then(|p| {
-                std::path::Path::new(&p)
-                    .file_stem()
-                    .map(|s| s.to_string_lossy().into_owned())
-            });
+            // The same default name as `rbac generate`'s, so the generated RBAC grants this Lease.
             let name = args
                 .lease_name
                 .clone()
-                .or(program)
-                .unwrap_or_else(|| "kactor-operator".to_string());
+                .or_else(crate::cli::program_name)
+                .unwrap_or_else(|| crate::cli::DEFAULT_NAME.to_string());
             let namespace = args
                 .lease_namespace
                 .clone()

@@ -1,5 +1,6 @@
 //! The examples, end to end: the memcached operator against the emulator over real HTTP, its
-//! program as a newcomer first runs it (`cargo run --example memcached`), and the tour's script.
+//! program as a newcomer first runs it (`cargo run --example memcached`), the tour's script, and
+//! the ephemeral volume claims of Kopf's walkthrough.
 //!
 //! Nothing is asserted on wall-clock time: what must happen is waited for, up to a generous cap.
 
@@ -603,20 +604,35 @@ async fn the_tour_fires_every_kind_of_handler_with_its_filters_and_errors() {
 /// too); `cargo test --test examples` does not, so it is built here when missing or older than
 /// its sources.
 fn memcached_binary() -> PathBuf {
-    // Once per test process: the tests that run it may start at the same time.
-    static PROGRAM: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    PROGRAM.get_or_init(build_memcached).clone()
+    example_binary("memcached")
 }
 
-fn build_memcached() -> PathBuf {
+/// The binary of the example `name` (`examples/<name>/main.rs` or `examples/<name>.rs`), built
+/// when missing or older than its sources.
+fn example_binary(name: &str) -> PathBuf {
+    // Once per example and test process: the tests that run it may start at the same time. The
+    // lock is held while building, so that two tests never run cargo at once.
+    static PROGRAMS: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let mut programs = PROGRAMS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, program)) = programs.iter().find(|(built, _)| built == name) {
+        return program.clone();
+    }
+    let program = build_example(name);
+    programs.push((name.to_string(), program.clone()));
+    program
+}
+
+fn build_example(name: &str) -> PathBuf {
     let bin = Path::new(env!("CARGO_BIN_EXE_kactor"));
     let profile_dir = bin.parent().unwrap();
     let program = profile_dir
         .join("examples")
-        .join(format!("memcached{}", std::env::consts::EXE_SUFFIX));
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let built = std::fs::metadata(&program).and_then(|m| m.modified()).ok();
-    let sources = ["examples/memcached", "src", "crates", "Cargo.toml"]
+    let example_dir = format!("examples/{name}");
+    let example_file = format!("examples/{name}.rs");
+    let sources = [&*example_dir, &*example_file, "src", "crates", "Cargo.toml"]
         .iter()
         .filter_map(|p| newest(&root.join(p)))
         .max();
@@ -624,9 +640,7 @@ fn build_memcached() -> PathBuf {
         return program;
     }
     let mut cargo = std::process::Command::new(env!("CARGO"));
-    cargo
-        .current_dir(root)
-        .args(["build", "--example", "memcached"]);
+    cargo.current_dir(root).args(["build", "--example", name]);
     // Cargo sets these for the tests it runs. A build script that reads one (ring reads
     // CARGO_MANIFEST_DIR) would rebuild with it here, and again without it in the next build.
     for (name, _) in std::env::vars_os() {
@@ -657,10 +671,7 @@ fn build_memcached() -> PathBuf {
         }
     }
     let status = cargo.status().expect("cannot run cargo");
-    assert!(
-        status.success(),
-        "cargo build --example memcached: {status}"
-    );
+    assert!(status.success(), "cargo build --example {name}: {status}");
     program
 }
 
@@ -678,4 +689,275 @@ fn newest(path: &Path) -> Option<SystemTime> {
         .extension()
         .is_some_and(|extension| extension == "rs" || extension == "toml");
     source.then(|| metadata.modified().ok()).flatten()
+}
+
+// Kopf's walkthrough operator, `examples/ephemeral_volume_claims/`, compiled here as it is there.
+#[allow(dead_code)]
+#[path = "../examples/ephemeral_volume_claims/operator.rs"]
+mod ephemeral_volume_claims;
+
+/// The walkthrough operator against the emulator: its PVCs follow their EVCs' size and labels, and
+/// go with them.
+mod evc {
+    use super::ephemeral_volume_claims::{self, EphemeralVolumeClaim, EphemeralVolumeClaimSpec};
+    use super::*;
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+    use std::collections::BTreeMap;
+
+    /// An emulator with the `EphemeralVolumeClaim` CRD, made from the Rust type, and the APIs the
+    /// tests use.
+    struct Cluster {
+        emulator: Emulator,
+        evcs: Api<EphemeralVolumeClaim>,
+        /// The same objects, untyped: handler results in `status` are not fields of the status type.
+        raw: Api<DynamicObject>,
+        pvcs: Api<PersistentVolumeClaim>,
+    }
+
+    async fn cluster() -> Cluster {
+        let emulator = Emulator::builder()
+            .bookmark_interval(Duration::from_millis(200))
+            .start()
+            .await
+            .unwrap();
+        let client = emulator.client();
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        crds.create(&PostParams::default(), &EphemeralVolumeClaim::crd())
+            .await
+            .unwrap();
+        Cluster {
+            evcs: Api::namespaced(client.clone(), "default"),
+            raw: Api::namespaced_with(
+                client.clone(),
+                "default",
+                &ApiResource::erase::<EphemeralVolumeClaim>(&()),
+            ),
+            pvcs: Api::namespaced(client, "default"),
+            emulator,
+        }
+    }
+
+    fn evc_operator(emulator: &Emulator) -> Operator {
+        ephemeral_volume_claims::operator()
+            .client(emulator.client())
+            .standalone()
+            .settings(|s| {
+                s.watching.reconnect_backoff = Duration::from_millis(10);
+                s.queueing.exit_timeout = Duration::from_millis(500);
+            })
+    }
+
+    async fn create(
+        evcs: &Api<EphemeralVolumeClaim>,
+        name: &str,
+        size: &str,
+        labels: &[(&str, &str)],
+    ) -> EphemeralVolumeClaim {
+        let mut evc = EphemeralVolumeClaim::new(
+            name,
+            EphemeralVolumeClaimSpec {
+                size: size.to_string(),
+            },
+        );
+        evc.metadata.labels = Some(string_map(labels));
+        evcs.create(&PostParams::default(), &evc).await.unwrap()
+    }
+
+    fn string_map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// Waits until a handler's result is in `status.<id>`, and returns it.
+    async fn result_of(cluster: &Cluster, name: &str, id: &str) -> Value {
+        let object = until(&cluster.raw, name, &format!("status.{id}"), |o| {
+            o.is_some_and(|o| !status(o)[id].is_null())
+        })
+        .await
+        .unwrap();
+        status(&object)[id].clone()
+    }
+
+    fn storage(pvc: Option<&PersistentVolumeClaim>) -> Option<&str> {
+        let requests = pvc?.spec.as_ref()?.resources.as_ref()?.requests.as_ref()?;
+        requests.get("storage").map(|quantity| quantity.0.as_str())
+    }
+
+    fn labels(pvc: Option<&PersistentVolumeClaim>) -> BTreeMap<String, String> {
+        pvc.and_then(|p| p.metadata.labels.clone())
+            .unwrap_or_default()
+    }
+
+    async fn patch_evc(cluster: &Cluster, name: &str, patch: Value) {
+        cluster
+            .evcs
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_evc_gets_a_pvc_of_its_size_with_its_labels_and_owned_by_it() {
+        let cluster = cluster().await;
+        let running = spawn(evc_operator(&cluster.emulator));
+        let created = create(&cluster.evcs, "claim", "3Gi", &[("app", "demo")]).await;
+
+        let pvc = until(&cluster.pvcs, "claim", "the PVC", |p| p.is_some())
+            .await
+            .unwrap();
+        assert_eq!(storage(Some(&pvc)), Some("3Gi"));
+        let spec = pvc.spec.as_ref().unwrap();
+        assert_eq!(
+            spec.access_modes.as_deref(),
+            Some(&["ReadWriteOnce".to_string()][..])
+        );
+        assert_eq!(labels(Some(&pvc)), string_map(&[("app", "demo")]));
+        let owners = pvc.owner_references();
+        assert_eq!(owners.len(), 1, "{owners:?}");
+        let owner = &owners[0];
+        assert_eq!(
+            (
+                owner.api_version.as_str(),
+                owner.kind.as_str(),
+                owner.name.as_str()
+            ),
+            ("kopf.dev/v1", "EphemeralVolumeClaim", "claim")
+        );
+        assert_eq!(Some(&owner.uid), created.metadata.uid.as_ref());
+        assert_eq!(owner.controller, Some(true));
+        assert_eq!(
+            result_of(&cluster, "claim", "create_fn").await,
+            json!({"pvc-name": "claim"})
+        );
+        // No handler needs a finalizer: deleting an EVC never waits for the operator.
+        let evc = cluster.evcs.get("claim").await.unwrap();
+        assert!(evc.finalizers().is_empty(), "{:?}", evc.finalizers());
+
+        // Without spec.size, the CRD's default: 1Gi.
+        let plain: EphemeralVolumeClaim = serde_json::from_value(json!({
+            "apiVersion": "kopf.dev/v1",
+            "kind": "EphemeralVolumeClaim",
+            "metadata": {"name": "plain"},
+            "spec": {},
+        }))
+        .unwrap();
+        cluster
+            .evcs
+            .create(&PostParams::default(), &plain)
+            .await
+            .unwrap();
+        let pvc = until(&cluster.pvcs, "plain", "the PVC of the default size", |p| {
+            p.is_some()
+        })
+        .await;
+        assert_eq!(storage(pvc.as_ref()), Some("1Gi"));
+        running.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn resizing_an_evc_patches_its_pvc_storage() {
+        let cluster = cluster().await;
+        let running = spawn(evc_operator(&cluster.emulator));
+        create(&cluster.evcs, "claim", "1Gi", &[]).await;
+        result_of(&cluster, "claim", "create_fn").await;
+
+        patch_evc(&cluster, "claim", json!({"spec": {"size": "2Gi"}})).await;
+        let pvc = until(&cluster.pvcs, "claim", "the PVC of 2Gi", |p| {
+            storage(p) == Some("2Gi")
+        })
+        .await
+        .unwrap();
+        // Only the storage changed.
+        let spec = pvc.spec.unwrap();
+        assert_eq!(
+            spec.access_modes.as_deref(),
+            Some(&["ReadWriteOnce".to_string()][..])
+        );
+        assert_eq!(
+            result_of(&cluster, "claim", "update_fn/spec.size").await,
+            json!("2Gi")
+        );
+        running.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn relabelling_an_evc_sets_and_removes_its_labels_on_the_pvc() {
+        let cluster = cluster().await;
+        let running = spawn(evc_operator(&cluster.emulator));
+        create(
+            &cluster.evcs,
+            "claim",
+            "1Gi",
+            &[("app", "demo"), ("tier", "a")],
+        )
+        .await;
+        until(&cluster.pvcs, "claim", "the PVC", |p| p.is_some()).await;
+        // A label put on the PVC by someone else: relabelling leaves it alone.
+        cluster
+            .pvcs
+            .patch(
+                "claim",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"backup": "daily"}}})),
+            )
+            .await
+            .unwrap();
+
+        patch_evc(
+            &cluster,
+            "claim",
+            json!({"metadata": {"labels": {"app": null, "tier": "b", "owner": "me"}}}),
+        )
+        .await;
+        let expected = string_map(&[("backup", "daily"), ("owner", "me"), ("tier", "b")]);
+        until(&cluster.pvcs, "claim", "the PVC relabelled", |p| {
+            labels(p) == expected
+        })
+        .await;
+
+        // All the EVC's labels removed: the PVC keeps only the foreign one.
+        patch_evc(&cluster, "claim", json!({"metadata": {"labels": null}})).await;
+        let expected = string_map(&[("backup", "daily")]);
+        until(
+            &cluster.pvcs,
+            "claim",
+            "the PVC without the EVC's labels",
+            |p| labels(p) == expected,
+        )
+        .await;
+        running.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn deleting_an_evc_deletes_it_at_once_and_its_pvc_with_it() {
+        let cluster = cluster().await;
+        let running = spawn(evc_operator(&cluster.emulator));
+        create(&cluster.evcs, "claim", "1Gi", &[]).await;
+        until(&cluster.pvcs, "claim", "the PVC", |p| p.is_some()).await;
+        result_of(&cluster, "claim", "create_fn").await;
+
+        cluster
+            .evcs
+            .delete("claim", &DeleteParams::default())
+            .await
+            .unwrap();
+        until(&cluster.evcs, "claim", "the EVC to go", |e| e.is_none()).await;
+        // The garbage collector's work: the operator deletes nothing.
+        until(&cluster.pvcs, "claim", "the PVC to go", |p| p.is_none()).await;
+        running.stop().await;
+    }
+
+    #[test]
+    fn the_example_prints_the_crd_made_from_its_rust_type() {
+        let output = std::process::Command::new(example_binary("ephemeral_volume_claims"))
+            .arg("crds")
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        let yaml = String::from_utf8(output.stdout).unwrap();
+        let printed: CustomResourceDefinition = serde_saphyr::from_str(&yaml).unwrap();
+        assert_eq!(printed, EphemeralVolumeClaim::crd(), "{yaml}");
+    }
 }
