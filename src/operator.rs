@@ -890,7 +890,10 @@ impl Operator {
         }
         let coordination = Coordination::start(&self, &client, &observer)?;
         let mut orchestra = Orchestra::new(&self, client.clone(), observer, watches).await?;
-        orchestra.start_health(health.clone()).await?;
+        if self.liveness.is_some() {
+            // Its heartbeats are read only by the health server.
+            orchestra.start_health(health.clone()).await?;
+        }
         // Ready once the supervisors exist (each then waits for its listing).
         orchestra.serve(stop, || health.startup_done()).await?;
         let ultimate = self.settings.process.ultimate_exiting_timeout;

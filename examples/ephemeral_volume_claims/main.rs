@@ -11,19 +11,19 @@
 //! (`-n`, `-A`, `--liveness`, `-v`, ... see `--help`) plus `--emulator`, and the demo. It has the
 //! shape of the memcached example's `main.rs`.
 
+#[path = "../common/mod.rs"]
+mod common;
 mod operator;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::builder::BoolishValueParser;
 use clap::parser::ValueSource;
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kactor::cli::RunArgs;
 use kactor::emulator::Emulator;
 use kactor::logging::LogFormat;
@@ -80,10 +80,6 @@ struct Run {
 const NAMESPACE: &str = "default";
 const DEMO_NAME: &str = "my-claim";
 
-/// How long the demo waits for the operator at each step before it gives up: far more than it
-/// needs, even on a loaded machine.
-const DEMO_WAIT: Duration = Duration::from_secs(60);
-
 #[tokio::main]
 async fn main() -> ExitCode {
     let mut command = Cli::command();
@@ -91,11 +87,14 @@ async fn main() -> ExitCode {
     let cli =
         Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.format(&mut command).exit());
     let (run, run_matches) = match (cli.command, matches.subcommand()) {
-        (Some(Command::Manifests(command)), _) => return manifests(command).await,
+        (Some(Command::Manifests(command)), _) => {
+            return common::manifests("ephemeral_volume_claims", Ok(operator::operator()), command)
+                .await
+        }
         (Some(Command::Run(run)), Some((_, run_matches))) => (run, run_matches),
         (_, _) => (cli.run, &matches),
     };
-    let emulator = run.emulator || !cluster_configured();
+    let emulator = run.emulator || !common::cluster_configured();
     let mut logging = run.args.log_settings();
     if emulator && run_matches.value_source("log_format") == Some(ValueSource::DefaultValue) {
         // On a terminal, next to the demo's lines, the message alone reads best.
@@ -141,7 +140,7 @@ async fn on_emulator(args: RunArgs, why: &str) -> anyhow::Result<()> {
     let kubeconfig =
         std::env::temp_dir().join(format!("kactor-evc-{}.kubeconfig", emulator.addr().port()));
     emulator.write_kubeconfig(&kubeconfig)?;
-    install_crd(&emulator.client()).await?;
+    common::install_crd(&emulator.client(), EphemeralVolumeClaim::crd()).await?;
     println!(
         "Kopf's walkthrough operator, made with kactor, on an embedded Kubernetes API emulator"
     );
@@ -248,13 +247,13 @@ async fn play(client: &kube::Client) -> anyhow::Result<()> {
         .await
         .context("cannot delete the EVC")?;
     let evcs = &evcs;
-    until("the EVC to go", move || async move {
+    common::until("the EVC to go", move || async move {
         Ok(evcs.get_opt(DEMO_NAME).await?.is_none())
     })
     .await?;
     println!("   No finalizer held it: the EVC is gone.");
     let pvcs = &pvcs;
-    until("the PVC to go", move || async move {
+    common::until("the PVC to go", move || async move {
         Ok(pvcs.get_opt(DEMO_NAME).await?.is_none())
     })
     .await?;
@@ -284,67 +283,9 @@ async fn until_pvc(
     check: impl Fn(Option<&PersistentVolumeClaim>) -> bool,
 ) -> anyhow::Result<PersistentVolumeClaim> {
     let check = &check;
-    until(what, move || async move {
+    common::until(what, move || async move {
         Ok(check(pvcs.get_opt(DEMO_NAME).await?.as_ref()))
     })
     .await?;
     pvcs.get(DEMO_NAME).await.context("cannot read the PVC")
-}
-
-/// Asks until `check` says yes, for up to [`DEMO_WAIT`].
-async fn until<F, Fut>(what: &str, mut check: F) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = kube::Result<bool>>,
-{
-    let deadline = tokio::time::Instant::now() + DEMO_WAIT;
-    while !check().await? {
-        if tokio::time::Instant::now() > deadline {
-            anyhow::bail!("waited {DEMO_WAIT:?} for {what}, in vain");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Ok(())
-}
-
-/// Installs the CRD made from the `EphemeralVolumeClaim` type; one that exists already is fine.
-async fn install_crd(client: &kube::Client) -> anyhow::Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    match crds
-        .create(&PostParams::default(), &EphemeralVolumeClaim::crd())
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(()),
-        Err(error) => Err(error).context("cannot install the EphemeralVolumeClaim CRD"),
-    }
-}
-
-/// `rbac generate|verify` and `crds`, as every kactor operator has them.
-async fn manifests(command: kactor::cli::Manifests) -> ExitCode {
-    let result = command
-        .execute(
-            &operator::operator(),
-            &mut std::io::stdin(),
-            &mut std::io::stdout(),
-            &mut std::io::stderr(),
-        )
-        .await;
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("ephemeral_volume_claims: error: {error}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// Whether credentials for a cluster are configured where kube's client looks for them (as in
-/// the memcached example).
-fn cluster_configured() -> bool {
-    let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
-    let home_config = std::env::var_os("HOME")
-        .or_else(|| std::env::var_os("USERPROFILE"))
-        .is_some_and(|home| Path::new(&home).join(".kube").join("config").is_file());
-    set("KUBECONFIG") || home_config || set("KUBERNETES_SERVICE_HOST")
 }

@@ -10,19 +10,19 @@
 //! The operator itself is in `operator.rs`; this file is its command line: kactor's `run` options
 //! (`-n`, `-A`, `--liveness`, `-v`, ... see `--help`) plus `--emulator`, and the demo.
 
+#[path = "../common/mod.rs"]
+mod common;
 mod operator;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::builder::BoolishValueParser;
 use clap::parser::ValueSource;
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kactor::cli::RunArgs;
 use kactor::emulator::Emulator;
 use kactor::logging::LogFormat;
@@ -80,10 +80,6 @@ struct Run {
 const NAMESPACE: &str = "default";
 const DEMO_NAME: &str = "example-memcached";
 
-/// How long the demo waits for the operator at each step before it gives up: far more than it
-/// needs, even on a loaded machine.
-const DEMO_WAIT: Duration = Duration::from_secs(60);
-
 #[tokio::main]
 async fn main() -> ExitCode {
     let mut command = Cli::command();
@@ -91,11 +87,18 @@ async fn main() -> ExitCode {
     let cli =
         Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.format(&mut command).exit());
     let (run, run_matches) = match (cli.command, matches.subcommand()) {
-        (Some(Command::Manifests(command)), _) => return manifests(command).await,
+        (Some(Command::Manifests(command)), _) => {
+            return common::manifests(
+                "memcached",
+                operator::operator(operator::drift_check()),
+                command,
+            )
+            .await
+        }
         (Some(Command::Run(run)), Some((_, run_matches))) => (run, run_matches),
         (_, _) => (cli.run, &matches),
     };
-    let emulator = run.emulator || !cluster_configured();
+    let emulator = run.emulator || !common::cluster_configured();
     let mut logging = run.args.log_settings();
     if emulator && run_matches.value_source("log_format") == Some(ValueSource::DefaultValue) {
         // On a terminal, next to the demo's lines, the message alone reads best.
@@ -147,7 +150,7 @@ async fn on_emulator(args: RunArgs, why: &str) -> anyhow::Result<()> {
         emulator.addr().port()
     ));
     emulator.write_kubeconfig(&kubeconfig)?;
-    install_crd(&emulator.client()).await?;
+    common::install_crd(&emulator.client(), Memcached::crd()).await?;
     let liveness = match &args.liveness {
         Some(url) => url.clone(),
         None => format!("http://127.0.0.1:{}/healthz", health_port()?),
@@ -245,7 +248,7 @@ async fn play(client: &kube::Client) -> anyhow::Result<()> {
     until_replicas(&deployments, None).await?;
     println!("   Its delete handler deleted the Deployment {object}: the Deployment is gone.");
     let memcacheds = &memcacheds;
-    until("the Memcached to go", move || async move {
+    common::until("the Memcached to go", move || async move {
         Ok(memcacheds.get_opt(DEMO_NAME).await?.is_none())
     })
     .await?;
@@ -262,71 +265,12 @@ async fn until_replicas(
         Some(n) => format!("the Deployment to have {n} replicas"),
         None => "the Deployment to go".to_string(),
     };
-    until(&what, move || async move {
+    common::until(&what, move || async move {
         let deployment = deployments.get_opt(DEMO_NAME).await?;
         let replicas = deployment.map(|d| d.spec.and_then(|s| s.replicas).unwrap_or(1));
         Ok(replicas == expected)
     })
     .await
-}
-
-/// Asks until `check` says yes, for up to [`DEMO_WAIT`].
-async fn until<F, Fut>(what: &str, mut check: F) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = kube::Result<bool>>,
-{
-    let deadline = tokio::time::Instant::now() + DEMO_WAIT;
-    while !check().await? {
-        if tokio::time::Instant::now() > deadline {
-            anyhow::bail!("waited {DEMO_WAIT:?} for {what}, in vain");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Ok(())
-}
-
-/// Installs the CRD made from the `Memcached` type; one that exists already is fine.
-async fn install_crd(client: &kube::Client) -> anyhow::Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    match crds.create(&PostParams::default(), &Memcached::crd()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(()),
-        Err(error) => Err(error).context("cannot install the Memcached CRD"),
-    }
-}
-
-/// `memcached rbac generate|verify` and `memcached crds`, as every kactor operator has them.
-async fn manifests(command: kactor::cli::Manifests) -> ExitCode {
-    let result = match operator::operator(operator::drift_check()) {
-        Ok(operator) => {
-            command
-                .execute(
-                    &operator,
-                    &mut std::io::stdin(),
-                    &mut std::io::stdout(),
-                    &mut std::io::stderr(),
-                )
-                .await
-        }
-        Err(error) => Err(error),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("memcached: error: {error}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// Whether credentials for a cluster are configured where kube's client looks for them.
-fn cluster_configured() -> bool {
-    let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
-    let home_config = std::env::var_os("HOME")
-        .or_else(|| std::env::var_os("USERPROFILE"))
-        .is_some_and(|home| Path::new(&home).join(".kube").join("config").is_file());
-    set("KUBECONFIG") || home_config || set("KUBERNETES_SERVICE_HOST")
 }
 
 /// The health server's port for the demo: 8080, or any free one if 8080 is taken.
