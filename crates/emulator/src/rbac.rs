@@ -109,26 +109,10 @@ impl Attributes {
         };
         let name = parts.get(1).copied().unwrap_or_default();
         let collection = name.is_empty();
-        let verb = match *method {
-            Method::GET | Method::HEAD if collection => {
-                if matches!(query.get("watch").map(String::as_str), Some("true" | "1")) {
-                    "watch"
-                } else {
-                    "list"
-                }
-            }
-            Method::GET | Method::HEAD => "get",
-            Method::POST => "create",
-            Method::PUT => "update",
-            Method::PATCH => "patch",
-            Method::DELETE if collection => "deletecollection",
-            Method::DELETE => "delete",
-            _ => "",
-        };
-        let verb = if verb.is_empty() {
-            method.as_str().to_ascii_lowercase()
-        } else {
-            verb.to_string()
+        let watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+        let verb = match verb(method, collection, watch) {
+            Some(verb) => verb.to_string(),
+            None => method.as_str().to_ascii_lowercase(),
         };
         let name = if collection && (verb == "list" || verb == "watch") {
             query
@@ -147,6 +131,24 @@ impl Attributes {
             name,
         })
     }
+}
+
+/// The Kubernetes verb of a request on a resource, as the API server's authorizer names it: a
+/// collection is listed, watched, created into or deleted as a whole; a named object (or its
+/// subresource) is got, created (a subresource such as `eviction`), updated, patched or deleted.
+/// None for other methods.
+pub(crate) fn verb(method: &Method, collection: bool, watch: bool) -> Option<&'static str> {
+    Some(match *method {
+        Method::GET | Method::HEAD if collection && watch => "watch",
+        Method::GET | Method::HEAD if collection => "list",
+        Method::GET | Method::HEAD => "get",
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE if collection => "deletecollection",
+        Method::DELETE => "delete",
+        _ => return None,
+    })
 }
 
 /// The name a field selector requires exactly (`metadata.name=NAME` or `==`), as the API server

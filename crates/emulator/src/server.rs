@@ -449,21 +449,20 @@ async fn resource(
     rest: &[&str],
 ) -> ApiResult<Response<Body>> {
     let target = resolve_target(&shared.state(), group, version, rest)?;
-    let watch = call.flag("watch");
-    let verb = match (&call.method, &target.name) {
-        (&Method::GET, None) if watch => "watch",
-        (&Method::GET, None) => "list",
-        (&Method::GET, Some(_)) => "get",
-        (&Method::POST, None) => "create",
-        (&Method::PUT, Some(_)) => "update",
-        (&Method::PATCH, Some(_)) => "patch",
-        (&Method::DELETE, Some(_)) => "delete",
-        (&Method::DELETE, None) => "deletecollection",
-        (method, _) => {
-            return Err(ApiError::method_not_allowed(format!(
-                "the server does not allow this method on the requested resource ({method})"
-            )))
-        }
+    let collection = target.name.is_none();
+    // The authorizer's verb, among those this endpoint serves: no creating into a named object,
+    // no updating or patching a collection, and no HEAD.
+    let verb = match rbac::verb(&call.method, collection, call.flag("watch")) {
+        Some("create") if !collection => None,
+        Some("update" | "patch") if collection => None,
+        _ if call.method == Method::HEAD => None,
+        verb => verb,
+    };
+    let Some(verb) = verb else {
+        return Err(ApiError::method_not_allowed(format!(
+            "the server does not allow this method on the requested resource ({})",
+            call.method
+        )));
     };
     let delay = shared.faults.latency(verb, group, &target.rtype.plural);
     if !delay.is_zero() {
