@@ -67,8 +67,8 @@ pub mod docs {
     pub struct MigratingFromKopf;
     #[doc = include_str!("../docs/errors-and-retries.md")]
     pub struct ErrorsAndRetries;
-    #[doc = include_str!("../docs/testing-with-the-emulator.md")]
-    pub struct TestingWithTheEmulator;
+    #[doc = include_str!("../docs/testing.md")]
+    pub struct Testing;
     #[doc = include_str!("../docs/handlers.md")]
     pub struct Handlers;
     #[doc = include_str!("../docs/daemons-and-timers.md")]

@@ -103,10 +103,11 @@ fn finish(child: &mut std::process::Child, within: Duration) -> std::process::Ex
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kactor_events_prints_each_event_and_exits_cleanly_on_sigterm() {
-    use kactor::emulator::{samples, Emulator};
+    use kactor::emulator::samples;
+    use kactor_testenv::TestCluster;
     use kube::api::PostParams;
-    let emulator = Emulator::start().await.unwrap();
-    let widgets = samples::install_widgets(&emulator.client()).await.unwrap();
+    let cluster = TestCluster::start().await.unwrap();
+    let widgets = samples::install_widgets(&cluster.client()).await.unwrap();
     widgets
         .create(
             &PostParams::default(),
@@ -115,7 +116,7 @@ async fn kactor_events_prints_each_event_and_exits_cleanly_on_sigterm() {
         .await
         .unwrap();
     let dir = scratch("events");
-    emulator.write_kubeconfig(dir.join("kubeconfig")).unwrap();
+    cluster.write_kubeconfig(dir.join("kubeconfig")).unwrap();
     let port = support::free_port();
     let liveness = format!("--liveness=http://127.0.0.1:{port}/healthz");
 
@@ -184,11 +185,11 @@ async fn kactor_events_prints_each_event_and_exits_cleanly_on_sigterm() {
 #[test]
 fn kactor_events_for_a_resource_nobody_serves_is_a_one_line_error() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let emulator = runtime
-        .block_on(kactor::emulator::Emulator::start())
+    let cluster = runtime
+        .block_on(kactor_testenv::TestCluster::start())
         .unwrap();
     let dir = scratch("missing");
-    emulator.write_kubeconfig(dir.join("kubeconfig")).unwrap();
+    cluster.write_kubeconfig(dir.join("kubeconfig")).unwrap();
     let output = kactor_events(&dir.join("kubeconfig"), &["gizmos", "-A"])
         .output()
         .unwrap();
@@ -241,9 +242,9 @@ fn kactor_events_with_an_unreachable_api_or_no_credentials_is_a_one_line_error()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kactor_freeze_writes_a_kopf_record_and_resume_removes_it() {
     use kube::api::PostParams;
-    let emulator = kactor::emulator::Emulator::start().await.unwrap();
+    let cluster = kactor_testenv::TestCluster::start().await.unwrap();
     let crds: Api<DynamicObject> = Api::all_with(
-        emulator.client(),
+        cluster.client(),
         &kactor::emulator::samples::crd_api_resource(),
     );
     for crd in kactor::peering::peering::crds() {
@@ -258,7 +259,10 @@ async fn kactor_freeze_writes_a_kopf_record_and_resume_removes_it() {
         &kube::core::GroupVersionKind::gvk("kopf.dev", "v1", "ClusterKopfPeering"),
         "clusterkopfpeerings",
     );
-    let peerings: Api<DynamicObject> = Api::all_with(emulator.client(), &resource);
+    let peerings: Api<DynamicObject> = Api::all_with(cluster.client(), &resource);
+    kactor::emulator::samples::until_served(&peerings)
+        .await
+        .unwrap();
     peerings
         .create(
             &PostParams::default(),
@@ -268,7 +272,7 @@ async fn kactor_freeze_writes_a_kopf_record_and_resume_removes_it() {
         .await
         .unwrap();
     let dir = scratch("freeze");
-    emulator.write_kubeconfig(dir.join("kubeconfig")).unwrap();
+    cluster.write_kubeconfig(dir.join("kubeconfig")).unwrap();
     let kactor = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_kactor"))
             .args(args)

@@ -1,11 +1,12 @@
-//! Several operators against one emulator: peering and leader election decide which one works.
+//! Several operators against one cluster: peering and leader election decide which one works.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kactor::emulator::{samples, Emulator};
+use kactor::emulator::samples;
 use kactor::peering::lease::LeaseSettings;
 use kactor::prelude::*;
+use kactor_testenv::TestCluster;
 use kube::api::{Api, DynamicObject, PostParams};
 use tokio::sync::oneshot;
 
@@ -53,10 +54,10 @@ impl Running {
     }
 }
 
-fn operator(emulator: &Emulator, identity: &str, handled: &Handled) -> Operator {
+fn operator(cluster: &TestCluster, identity: &str, handled: &Handled) -> Operator {
     let handled = handled.clone();
     Operator::new()
-        .client(emulator.client())
+        .client(cluster.client())
         .identity(identity)
         .on_event("widgets.example.com", "record", move |ctx: Ctx| {
             let handled = handled.clone();
@@ -84,10 +85,10 @@ async fn create(api: &Api<DynamicObject>, name: &str) {
     .unwrap();
 }
 
-async fn with_peering() -> (Emulator, Api<DynamicObject>) {
-    let emulator = Emulator::start().await.unwrap();
-    let widgets = samples::install_widgets(&emulator.client()).await.unwrap();
-    let crds: Api<DynamicObject> = Api::all_with(emulator.client(), &samples::crd_api_resource());
+async fn with_peering() -> (TestCluster, Api<DynamicObject>) {
+    let cluster = TestCluster::start().await.unwrap();
+    let widgets = samples::install_widgets(&cluster.client()).await.unwrap();
+    let crds: Api<DynamicObject> = Api::all_with(cluster.client(), &samples::crd_api_resource());
     for crd in kactor::peering::peering::crds() {
         crds.create(
             &PostParams::default(),
@@ -97,12 +98,13 @@ async fn with_peering() -> (Emulator, Api<DynamicObject>) {
         .unwrap();
     }
     let peerings: Api<DynamicObject> = Api::all_with(
-        emulator.client(),
+        cluster.client(),
         &kube::discovery::ApiResource::from_gvk_with_plural(
             &kube::core::GroupVersionKind::gvk("kopf.dev", "v1", "ClusterKopfPeering"),
             "clusterkopfpeerings",
         ),
     );
+    samples::until_served(&peerings).await.unwrap();
     let object = kactor::peering::peering::peering_object("default", None);
     peerings
         .create(
@@ -111,22 +113,22 @@ async fn with_peering() -> (Emulator, Api<DynamicObject>) {
         )
         .await
         .unwrap();
-    (emulator, widgets)
+    (cluster, widgets)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lower_priority_operator_pauses_while_a_higher_one_runs_and_takes_over_when_it_leaves() {
-    let (emulator, widgets) = with_peering().await;
+    let (cluster, widgets) = with_peering().await;
     create(&widgets, "first").await;
     let (high, low) = (Handled::default(), Handled::default());
     let high_running = spawn(
-        operator(&emulator, "high", &high)
+        operator(&cluster, "high", &high)
             .peering("default")
             .priority(100),
     );
     high.until("first").await;
     let low_running = spawn(
-        operator(&emulator, "low", &low)
+        operator(&cluster, "low", &low)
             .peering("default")
             .priority(0),
     );
@@ -149,16 +151,16 @@ async fn a_lower_priority_operator_pauses_while_a_higher_one_runs_and_takes_over
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standalone_operator_ignores_its_peers() {
-    let (emulator, widgets) = with_peering().await;
+    let (cluster, widgets) = with_peering().await;
     create(&widgets, "object").await;
     let (high, alone) = (Handled::default(), Handled::default());
     let high_running = spawn(
-        operator(&emulator, "high", &high)
+        operator(&cluster, "high", &high)
             .peering("default")
             .priority(100),
     );
     high.until("object").await;
-    let alone_running = spawn(operator(&emulator, "alone", &alone).standalone());
+    let alone_running = spawn(operator(&cluster, "alone", &alone).standalone());
     alone.until("object").await;
     alone_running.stop().await;
     high_running.stop().await;
@@ -166,8 +168,8 @@ async fn a_standalone_operator_ignores_its_peers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_lease_holder_works_and_a_standby_takes_over_when_it_exits() {
-    let emulator = Emulator::start().await.unwrap();
-    let widgets = samples::install_widgets(&emulator.client()).await.unwrap();
+    let cluster = TestCluster::start().await.unwrap();
+    let widgets = samples::install_widgets(&cluster.client()).await.unwrap();
     create(&widgets, "first").await;
     let lease = |identity: &str| {
         LeaseSettings::new("widget-operator", "default", identity)
@@ -180,13 +182,13 @@ async fn only_the_lease_holder_works_and_a_standby_takes_over_when_it_exits() {
     };
     let (a, b) = (Handled::default(), Handled::default());
     let a_running = spawn(
-        operator(&emulator, "a", &a)
+        operator(&cluster, "a", &a)
             .standalone()
             .leader_election(lease("a")),
     );
     a.until("first").await;
     let b_running = spawn(
-        operator(&emulator, "b", &b)
+        operator(&cluster, "b", &b)
             .standalone()
             .leader_election(lease("b")),
     );
@@ -209,18 +211,18 @@ async fn only_the_lease_holder_works_and_a_standby_takes_over_when_it_exits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_operator_pauses_when_a_higher_priority_arrives() {
-    let (emulator, widgets) = with_peering().await;
+    let (cluster, widgets) = with_peering().await;
     create(&widgets, "first").await;
     let (deployed, developer) = (Handled::default(), Handled::default());
     let deployed_running = spawn(
-        operator(&emulator, "deployed", &deployed)
+        operator(&cluster, "deployed", &deployed)
             .peering("default")
             .priority(0),
     );
     deployed.until("first").await;
     // A developer's operator with --dev (priority 666) arrives: the deployed one pauses.
     let developer_running = spawn(
-        operator(&emulator, "developer", &developer)
+        operator(&cluster, "developer", &developer)
             .peering("default")
             .priority(666),
     );
@@ -242,14 +244,14 @@ async fn a_running_operator_pauses_when_a_higher_priority_arrives() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_mandatory_peering_keeps_the_operator_paused() {
-    let (emulator, widgets) = with_peering().await;
+    let (cluster, widgets) = with_peering().await;
     create(&widgets, "object").await;
     let handled = Handled::default();
-    let running = spawn(operator(&emulator, "waiting", &handled).peering("nonexistent"));
+    let running = spawn(operator(&cluster, "waiting", &handled).peering("nonexistent"));
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(handled.names().is_empty(), "{:?}", handled.names());
     let peerings: Api<DynamicObject> = Api::all_with(
-        emulator.client(),
+        cluster.client(),
         &kube::discovery::ApiResource::from_gvk_with_plural(
             &kube::core::GroupVersionKind::gvk("kopf.dev", "v1", "ClusterKopfPeering"),
             "clusterkopfpeerings",

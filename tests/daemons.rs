@@ -1,4 +1,4 @@
-//! Daemons and timers end to end: real operators against the emulator over real HTTP, checking
+//! Daemons and timers end to end: real operators against the cluster over real HTTP, checking
 //! Kopf's semantics (`reference/kopf.md` §1.8, §1.9): when they start and stop, why they stop (the
 //! reasons they see), how the object's finalizer follows them, and what they write to the object.
 //!
@@ -183,10 +183,10 @@ fn is_deleting(object: &DynamicObject) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timer_patches_its_object_on_schedule_with_its_result_and_its_patch() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let counts: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
     let seen = counts.clone();
-    let running = spawn(operator(&emulator).timer(
+    let running = spawn(operator(&cluster).timer(
         WIDGETS,
         "tick",
         Timer::every(Duration::from_millis(200)),
@@ -224,14 +224,11 @@ async fn a_timer_patches_its_object_on_schedule_with_its_result_and_its_patch() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_an_object_stops_its_daemon_and_the_object_goes_only_after_the_daemon_exited() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let log = Log::default();
     let seen = log.clone();
-    let running = spawn(operator(&emulator).daemon(
-        WIDGETS,
-        "d",
-        Daemon::new(),
-        move |ctx: Ctx| {
+    let running = spawn(
+        operator(&cluster).daemon(WIDGETS, "d", Daemon::new(), move |ctx: Ctx| {
             let log = seen.clone();
             async move {
                 log.push("started");
@@ -250,8 +247,8 @@ async fn deleting_an_object_stops_its_daemon_and_the_object_goes_only_after_the_
                 log.push("exited");
                 Ok(())
             }
-        },
-    ));
+        }),
+    );
     create(&widgets, "w1", 1).await;
     until(&widgets, "w1", "the finalizer", |o| {
         o.is_some_and(has_finalizer)
@@ -283,11 +280,11 @@ async fn deleting_an_object_stops_its_daemon_and_the_object_goes_only_after_the_
 /// cycles that wait for the timer keep the handler's success instead of running it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deletion_handler_runs_once_while_a_timer_is_still_stopping() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let log = Log::default();
     let (in_timer, in_delete) = (log.clone(), log.clone());
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .timer(
                 WIDGETS,
                 "slow",
@@ -325,11 +322,11 @@ async fn a_deletion_handler_runs_once_while_a_timer_is_still_stopping() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_that_ignores_its_stop_signal_is_cancelled_after_its_backoff_and_the_object_then_goes(
 ) {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let log = Log::default();
     let seen = log.clone();
     let running = spawn(
-        operator(&emulator).daemon(
+        operator(&cluster).daemon(
             WIDGETS,
             "d",
             Daemon::new()
@@ -377,11 +374,11 @@ async fn a_daemon_that_ignores_its_stop_signal_is_cancelled_after_its_backoff_an
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_blocked_in_sync_code_is_abandoned_after_its_timeout_and_the_finalizer_released() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let log = Log::default();
     let seen = log.clone();
     let running = spawn(
-        operator(&emulator).daemon(
+        operator(&cluster).daemon(
             WIDGETS,
             "d",
             Daemon::new()
@@ -430,12 +427,12 @@ async fn a_daemon_blocked_in_sync_code_is_abandoned_after_its_timeout_and_the_fi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_filtered_daemon_runs_only_while_its_filters_match_and_releases_the_finalizer_when_not() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let probe = Probe::default();
     let witness = Log::default();
     let seen = witness.clone();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .settings(|s| s.queueing.exit_timeout = WAIT)
             .daemon(
                 WIDGETS,
@@ -517,9 +514,9 @@ async fn a_filtered_daemon_runs_only_while_its_filters_match_and_releases_the_fi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_wanted_again_while_stopping_starts_again_only_after_it_exited() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let probe = Probe::lingering(Duration::from_millis(500));
-    let running = spawn(operator(&emulator).daemon(
+    let running = spawn(operator(&cluster).daemon(
         WIDGETS,
         On::id("d").label("run", "yes"),
         Daemon::new(),
@@ -573,9 +570,9 @@ async fn a_daemon_wanted_again_while_stopping_starts_again_only_after_it_exited(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pausing_the_operator_stops_daemons_and_resuming_starts_them_again() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let probe = Probe::default();
-    let operator = operator(&emulator).daemon(WIDGETS, "d", Daemon::new(), probe.handler());
+    let operator = operator(&cluster).daemon(WIDGETS, "d", Daemon::new(), probe.handler());
     let switch = operator.pause_switch();
     let running = spawn(operator);
     create(&widgets, "w1", 1).await;
@@ -600,11 +597,11 @@ async fn pausing_the_operator_stops_daemons_and_resuming_starts_them_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_the_operator_stops_daemons_with_operator_exiting_and_waits_for_them() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let probe = Probe::lingering(Duration::from_millis(300));
     let observer = Arc::new(Counting::default());
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .settings(|s| s.queueing.exit_timeout = WAIT)
             .observer(observer.clone())
             .daemon(WIDGETS, "d", Daemon::new(), probe.handler()),
@@ -636,11 +633,11 @@ async fn stopping_the_operator_stops_daemons_with_operator_exiting_and_waits_for
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_that_returns_on_its_own_stores_its_result_and_is_not_started_again() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let log = Log::default();
     let (seen, updates) = (log.clone(), log.clone());
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .daemon(WIDGETS, "d", Daemon::new(), move |ctx: Ctx| {
                 let log = seen.clone();
                 async move {
@@ -683,22 +680,21 @@ async fn a_daemon_that_returns_on_its_own_stores_its_result_and_is_not_started_a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_failing_temporarily_is_retried_after_the_delay_until_it_succeeds() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let retries: Arc<Mutex<Vec<u32>>> = Arc::default();
     let seen = retries.clone();
-    let running =
-        spawn(
-            operator(&emulator).daemon(WIDGETS, "d", Daemon::new(), move |ctx: Ctx| {
-                let retries = seen.clone();
-                async move {
-                    retries.lock().unwrap().push(ctx.retry());
-                    if ctx.retry() < 2 {
-                        return Err(HandlerError::temporary("x", Duration::from_millis(100)));
-                    }
-                    Ok(json!({"retry": ctx.retry()}))
+    let running = spawn(
+        operator(&cluster).daemon(WIDGETS, "d", Daemon::new(), move |ctx: Ctx| {
+            let retries = seen.clone();
+            async move {
+                retries.lock().unwrap().push(ctx.retry());
+                if ctx.retry() < 2 {
+                    return Err(HandlerError::temporary("x", Duration::from_millis(100)));
                 }
-            }),
-        );
+                Ok(json!({"retry": ctx.retry()}))
+            }
+        }),
+    );
     create(&widgets, "w1", 1).await;
     let object = until(&widgets, "w1", "the success stored", |o| {
         o.is_some_and(|o| !status(o)["d"].is_null())
@@ -724,11 +720,11 @@ async fn a_timer_with_idle_does_not_run_while_the_object_keeps_changing_and_runs
     const IDLE: Duration = Duration::from_secs(1);
     const PERIOD: Duration = Duration::from_millis(100);
     const CHANGES: i64 = 30;
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     // (when, the size it saw)
     let runs: Arc<Mutex<Vec<(Instant, i64)>>> = Arc::default();
     let seen = runs.clone();
-    let running = spawn(operator(&emulator).timer(
+    let running = spawn(operator(&cluster).timer(
         WIDGETS,
         "t",
         Timer::every(PERIOD).idle(IDLE),
@@ -813,10 +809,10 @@ async fn a_timer_with_idle_does_not_run_while_the_object_keeps_changing_and_runs
 /// essence instead: the timer runs once per quiet period, and a real change starts a new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_timer_storing_its_result_is_not_woken_by_its_own_patch() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Arc::new(AtomicUsize::new(0));
     let counted = calls.clone();
-    let running = spawn(operator(&emulator).timer(
+    let running = spawn(operator(&cluster).timer(
         WIDGETS,
         "quiet",
         Timer::new().idle(Duration::from_millis(200)),

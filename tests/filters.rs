@@ -1,4 +1,4 @@
-//! Filters and handler options end to end: real operators against the emulator over real HTTP,
+//! Filters and handler options end to end: real operators against the cluster over real HTTP,
 //! checking Kopf's semantics (`reference/kopf.md` §1.1, §1.2, §1.10): which objects and which changes
 //! a handler runs for, what it is given, where its result lands, and when the finalizer is kept.
 //!
@@ -164,10 +164,10 @@ fn parsed_diff_base(object: &DynamicObject) -> Option<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_label_filter_with_a_value_runs_only_for_objects_with_that_exact_value() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_create(
                 WIDGETS,
                 On::id("gold").label("tier", "gold"),
@@ -214,10 +214,10 @@ async fn a_label_filter_with_a_value_runs_only_for_objects_with_that_exact_value
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_label_filter_present_runs_for_any_value_the_empty_string_included() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_create(
                 WIDGETS,
                 On::id("tiered").label("tier", MetaFilter::Present),
@@ -254,10 +254,10 @@ async fn a_label_filter_present_runs_for_any_value_the_empty_string_included() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_label_filter_absent_runs_only_for_objects_without_the_label() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_create(
                 WIDGETS,
                 On::id("untiered").label("tier", MetaFilter::Absent),
@@ -285,7 +285,7 @@ async fn a_label_filter_absent_runs_only_for_objects_without_the_label() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_label_callback_gets_the_value_or_none_when_absent() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let seen: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
     let values = seen.clone();
@@ -294,7 +294,7 @@ async fn a_label_callback_gets_the_value_or_none_when_absent() {
         value != Some("skip")
     });
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_create(
                 WIDGETS,
                 On::id("checked").label("tier", check),
@@ -335,10 +335,10 @@ async fn a_label_callback_gets_the_value_or_none_when_absent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_annotation_filter_with_a_value_runs_only_for_objects_with_that_exact_value() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_create(
                 WIDGETS,
                 On::id("owned").annotation("example.com/owner", "alice"),
@@ -362,10 +362,10 @@ async fn an_annotation_filter_with_a_value_runs_only_for_objects_with_that_exact
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_annotation_filter_present_runs_for_any_value_the_empty_string_included() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_create(
                 WIDGETS,
                 On::id("owned").annotation("example.com/owner", MetaFilter::Present),
@@ -389,10 +389,10 @@ async fn an_annotation_filter_present_runs_for_any_value_the_empty_string_includ
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_annotation_filter_absent_runs_only_for_objects_without_the_annotation() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_create(
                 WIDGETS,
                 On::id("unowned").annotation("example.com/owner", MetaFilter::Absent),
@@ -414,10 +414,10 @@ async fn an_annotation_filter_absent_runs_only_for_objects_without_the_annotatio
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_annotation_callback_decides_over_the_value() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_create(
                 WIDGETS,
                 On::id("numbered").annotation(
@@ -444,10 +444,10 @@ async fn an_annotation_callback_decides_over_the_value() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn label_and_annotation_filters_must_all_pass() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_create(
                 WIDGETS,
                 On::id("both")
@@ -487,10 +487,10 @@ async fn label_and_annotation_filters_must_all_pass() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_handler_with_a_field_value_runs_only_for_that_value() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_create(
                 WIDGETS,
                 On::id("three").field("spec.size").value(json!(3)),
@@ -509,10 +509,10 @@ async fn a_create_handler_with_a_field_value_runs_only_for_that_value() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_handler_with_a_field_and_no_value_runs_only_when_the_field_is_present() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_create(
                 WIDGETS,
                 On::id("colored").field("spec.color"),
@@ -539,10 +539,10 @@ async fn a_create_handler_with_a_field_and_no_value_runs_only_when_the_field_is_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_update_handler_with_a_field_value_runs_when_either_the_old_or_the_new_value_matches() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_update(
                 WIDGETS,
                 On::id("three").field("spec.size").value(json!(3)),
@@ -572,10 +572,10 @@ async fn an_update_handler_with_a_field_value_runs_when_either_the_old_or_the_ne
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_update_handler_with_a_field_runs_only_when_that_field_changed() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_update(
                 WIDGETS,
                 On::id("resized").field("spec.size"),
@@ -607,10 +607,10 @@ async fn an_update_handler_with_a_field_runs_only_when_that_field_changed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_update_handler_with_old_and_new_runs_only_for_that_transition() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_update(
                 WIDGETS,
                 On::id("one_to_two")
@@ -644,10 +644,10 @@ async fn an_update_handler_with_old_and_new_runs_only_for_that_transition() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_field_handler_with_an_old_value_runs_only_when_leaving_that_value() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_field(
                 WIDGETS,
                 "spec.size",
@@ -691,10 +691,10 @@ async fn a_field_handler_with_an_old_value_runs_only_when_leaving_that_value() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_field_handler_with_new_absent_runs_only_when_the_field_is_removed() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_field(
                 WIDGETS,
                 "spec.color",
@@ -738,10 +738,10 @@ async fn a_field_handler_with_new_absent_runs_only_when_the_field_is_removed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_when_callback_decides_over_the_whole_context() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_create(
                 WIDGETS,
                 On::id("big").when(|ctx: &Ctx| {
@@ -767,10 +767,10 @@ async fn a_when_callback_decides_over_the_whole_context() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_optional_delete_handler_adds_no_finalizer_and_blocks_nothing() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_delete(WIDGETS, On::id("goodbye").optional(), recorder(&calls))
             .on_create(WIDGETS, "witness", recorder(&calls)),
     );
@@ -787,10 +787,10 @@ async fn an_optional_delete_handler_adds_no_finalizer_and_blocks_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_optional_delete_handler_runs_when_another_delete_handler_holds_the_finalizer() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_delete(WIDGETS, On::id("goodbye").optional(), recorder(&calls))
             .on_delete(WIDGETS, "guard", recorder(&calls)),
     );
@@ -811,9 +811,9 @@ async fn an_optional_delete_handler_runs_when_another_delete_handler_holds_the_f
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delete_handler_adds_the_finalizer_and_runs_before_the_object_goes() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
-    let running = spawn(operator(&emulator).on_delete(WIDGETS, "goodbye", recorder(&calls)));
+    let running = spawn(operator(&cluster).on_delete(WIDGETS, "goodbye", recorder(&calls)));
     create_sized(&widgets, "w1", 1).await;
     until(&widgets, "w1", "the finalizer", |o| {
         o.is_some_and(has_finalizer)
@@ -832,9 +832,9 @@ async fn a_delete_handler_adds_the_finalizer_and_runs_before_the_object_goes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_object_that_stops_matching_the_delete_handler_loses_the_finalizer() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
-    let running = spawn(operator(&emulator).on_delete(
+    let running = spawn(operator(&cluster).on_delete(
         WIDGETS,
         On::id("goodbye").label("guarded", "yes"),
         recorder(&calls),
@@ -875,10 +875,10 @@ async fn an_object_that_stops_matching_the_delete_handler_loses_the_finalizer() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_object_no_changing_handler_matches_gets_no_annotations() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_create(
                 WIDGETS,
                 On::id("managed").label("managed", "yes"),
@@ -926,10 +926,10 @@ async fn an_object_no_changing_handler_matches_gets_no_annotations() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_object_that_starts_matching_later_is_handled_as_a_creation() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_create(
                 WIDGETS,
                 On::id("created").label("managed", "yes"),
@@ -971,9 +971,9 @@ async fn an_object_that_starts_matching_later_is_handled_as_a_creation() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_param_and_the_id_reach_the_handler() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_create(
                 WIDGETS,
                 On::id("given").param(json!({"mode": "fast"})),
@@ -998,9 +998,9 @@ async fn the_param_and_the_id_reach_the_handler() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_param_and_the_id_reach_an_event_handler() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
-    let running = spawn(operator(&emulator).on_event(
+    let running = spawn(operator(&cluster).on_event(
         WIDGETS,
         On::id("audit").param(json!(["a", 1])),
         recorder(&calls),
@@ -1029,10 +1029,10 @@ async fn create_with_status(api: &Api<DynamicObject>, status: Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_object_result_is_merged_into_the_status_of_the_handler() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     create_with_status(&widgets, json!({"result": {"kept": true, "changed": 0}})).await;
     let running = spawn(
-        operator(&emulator).on_create(WIDGETS, "result", |_: Ctx| async {
+        operator(&cluster).on_create(WIDGETS, "result", |_: Ctx| async {
             Ok(json!({"changed": 1, "added": "yes"}))
         }),
     );
@@ -1046,10 +1046,9 @@ async fn an_object_result_is_merged_into_the_status_of_the_handler() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scalar_result_replaces_the_status_of_the_handler() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     create_with_status(&widgets, json!({"result": {"kept": true}})).await;
-    let running =
-        spawn(operator(&emulator).on_create(WIDGETS, "result", |_: Ctx| async { Ok(42) }));
+    let running = spawn(operator(&cluster).on_create(WIDGETS, "result", |_: Ctx| async { Ok(42) }));
     let object = handled(&widgets, "w1").await;
     assert_eq!(status(&object)["result"], json!(42));
     running.stop().await;
@@ -1057,10 +1056,10 @@ async fn a_scalar_result_replaces_the_status_of_the_handler() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_unit_result_stores_nothing() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     create_with_status(&widgets, json!({"kept": {"here": true}})).await;
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_create(WIDGETS, "unit", |_: Ctx| async { Ok(()) })
             .on_create(WIDGETS, "kept", |_: Ctx| async { Ok(()) }),
     );
@@ -1074,11 +1073,11 @@ async fn a_unit_result_stores_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_handler_with_a_label_filter_sees_only_matching_objects_and_stores_its_result() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let seen = calls.clone();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_event(
                 WIDGETS,
                 On::id("watched").label("watch", "yes"),
@@ -1128,10 +1127,10 @@ async fn an_event_handler_with_a_label_filter_sees_only_matching_objects_and_sto
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_handler_with_a_field_value_checks_the_current_body() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_event(
                 WIDGETS,
                 On::id("three").field("spec.size").value(json!(3)),
@@ -1167,10 +1166,10 @@ async fn an_event_handler_with_a_field_value_checks_the_current_body() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn by_default_one_handler_runs_per_cycle_with_progress_stored_in_between() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_create(WIDGETS, "first", recorder(&calls))
             .on_create(WIDGETS, "second", recorder(&calls)),
     );
@@ -1194,10 +1193,10 @@ async fn by_default_one_handler_runs_per_cycle_with_progress_stored_in_between()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_at_once_runs_every_handler_in_one_cycle() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .settings(|s| s.execution.lifecycle = Lifecycle::AllAtOnce)
             .on_create(WIDGETS, "first", recorder(&calls))
             .on_create(WIDGETS, "second", recorder(&calls)),

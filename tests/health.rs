@@ -1,4 +1,4 @@
-//! Health and metrics, end to end: a real operator against the emulator, asked over real HTTP as the
+//! Health and metrics, end to end: a real operator against the cluster, asked over real HTTP as the
 //! kubelet and Prometheus ask it.
 
 mod support;
@@ -11,7 +11,7 @@ use kactor::emulator::{Failure, Matcher};
 use kactor::prelude::*;
 use kube::api::PostParams;
 
-use support::{emulator_with_widgets, free_port, get, operator, spawn, until_answer};
+use support::{cluster_with_widgets, free_port, get, operator, spawn, until_answer};
 
 /// Short health thresholds, so that the tests see failures within seconds.
 fn quick_health(settings: &mut Settings) {
@@ -21,73 +21,11 @@ fn quick_health(settings: &mut Settings) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deaf_watch_stream_fails_liveness_until_it_recovers() {
-    let (emulator, _widgets) = emulator_with_widgets().await;
-    let port = free_port();
-    let running = spawn(
-        operator(&emulator)
-            .liveness(&format!("http://127.0.0.1:{port}/healthz"))
-            .settings(|s| {
-                quick_health(s);
-                s.watching.inactivity_timeout = Duration::from_millis(500);
-                s.health.silent_watch_timeout = Duration::from_millis(1500);
-            })
-            .on_probe("answer", |_: ActivityCtx| async { Ok(42) })
-            .on_create(
-                ("example.com", "v1", "widgets"),
-                "create_fn",
-                |_: Ctx| async { Ok(()) },
-            ),
-    );
-    let body = until_answer(port, "/healthz", "a healthy operator", |code, _| {
-        code == 200
-    })
-    .await;
-    assert_eq!(
-        serde_json::from_str::<serde_json::Value>(&body).unwrap(),
-        json!({"answer": 42}),
-        "Kopf's probe JSON"
-    );
-
-    // The stream stays open but says nothing, and every attempt to watch again fails.
-    emulator.faults().fail(
-        Failure::new(500)
-            .verb("watch")
-            .resource("widgets")
-            .times(u32::MAX),
-    );
-    emulator
-        .faults()
-        .silence_watches(Matcher::any().resource("widgets"));
-    let body = until_answer(port, "/healthz", "the deaf stream detected", |code, _| {
-        code == 500
-    })
-    .await;
-    assert!(body.contains("[-]watches failed"), "{body}");
-    assert!(
-        body.contains("widgets.v1.example.com"),
-        "names the stream: {body}"
-    );
-    assert!(
-        body.contains("[+]actors ok"),
-        "the other checks pass: {body}"
-    );
-    let (code, only) = get(port, "/healthz/watches").await.unwrap();
-    assert_eq!(code, 500, "{only}");
-    let (code, _) = get(port, "/healthz?exclude=watches").await.unwrap();
-    assert_eq!(code, 200, "the failed check excluded");
-
-    emulator.faults().reset();
-    until_answer(port, "/healthz", "recovery", |code, _| code == 200).await;
-    running.stop().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_blocking_an_executor_thread_fails_liveness() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let port = free_port();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .liveness(&format!("http://127.0.0.1:{port}/healthz"))
             .settings(quick_health)
             .on_create(
@@ -126,70 +64,10 @@ async fn a_handler_blocking_an_executor_thread_fails_liveness() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn readiness_waits_for_the_startup_activities_and_the_initial_listing() {
-    let (emulator, _widgets) = emulator_with_widgets().await;
-    let port = free_port();
-    let (release, released) = tokio::sync::watch::channel(false);
-    let released = Arc::new(released);
-    // The listing of widgets answers late.
-    emulator.faults().add_latency(
-        Matcher::any().verb("list").resource("widgets"),
-        Duration::from_secs(2),
-    );
-    let running = spawn(
-        operator(&emulator)
-            .liveness(&format!("http://127.0.0.1:{port}/live"))
-            .settings(quick_health)
-            .on_startup("connect", move |_: ActivityCtx| {
-                let mut released = (*released).clone();
-                async move {
-                    let _ = released.wait_for(|r| *r).await;
-                    Ok(())
-                }
-            })
-            .on_event(("example.com", "v1", "widgets"), "log", |_: Ctx| async {
-                Ok(())
-            }),
-    );
-    let body = until_answer(port, "/readyz", "not ready during startup", |code, _| {
-        code == 500
-    })
-    .await;
-    assert!(body.contains("[-]startup failed"), "{body}");
-    let (code, _) = get(port, "/live").await.unwrap();
-    assert_eq!(code, 200, "alive meanwhile, at Kopf's liveness path too");
-
-    release.send(true).unwrap();
-    let body = until_answer(
-        port,
-        "/readyz?verbose",
-        "startup done, listing not",
-        |_, body| body.contains("[+]startup ok"),
-    )
-    .await;
-    assert!(body.contains("[-]listing failed"), "{body}");
-    assert!(body.contains("widgets.v1.example.com"), "{body}");
-    let (code, _) = get(port, "/readyz/listing").await.unwrap();
-    assert_eq!(code, 500);
-
-    let body = until_answer(port, "/readyz", "ready", |code, _| code == 200).await;
-    assert_eq!(body.trim(), "ok");
-    let body = until_answer(port, "/readyz?verbose", "every check passes", |code, _| {
-        code == 200
-    })
-    .await;
-    assert!(
-        body.contains("[+]listing ok") && body.contains("readyz check passed"),
-        "{body}"
-    );
-    running.stop().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_parse_as_prometheus_text_and_move_as_objects_are_handled() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let port = free_port();
-    let operator = operator(&emulator)
+    let operator = operator(&cluster)
         .liveness(&format!("http://127.0.0.1:{port}/healthz"))
         .settings(quick_health)
         .on_create(
@@ -402,4 +280,132 @@ fn parse_exposition(text: &str) -> Vec<Sample> {
     }
     assert!(!samples.is_empty());
     samples
+}
+
+/// Tests that inject faults, which only the emulator can: `scripts/test` skips them on the real
+/// API server (`--skip emulator_only`).
+mod emulator_only {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_deaf_watch_stream_fails_liveness_until_it_recovers() {
+        let (cluster, _widgets) = cluster_with_widgets().await;
+        let port = free_port();
+        let running = spawn(
+            operator(&cluster)
+                .liveness(&format!("http://127.0.0.1:{port}/healthz"))
+                .settings(|s| {
+                    quick_health(s);
+                    s.watching.inactivity_timeout = Duration::from_millis(500);
+                    s.health.silent_watch_timeout = Duration::from_millis(1500);
+                })
+                .on_probe("answer", |_: ActivityCtx| async { Ok(42) })
+                .on_create(
+                    ("example.com", "v1", "widgets"),
+                    "create_fn",
+                    |_: Ctx| async { Ok(()) },
+                ),
+        );
+        let body = until_answer(port, "/healthz", "a healthy operator", |code, _| {
+            code == 200
+        })
+        .await;
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&body).unwrap(),
+            json!({"answer": 42}),
+            "Kopf's probe JSON"
+        );
+
+        // The stream stays open but says nothing, and every attempt to watch again fails.
+        cluster.faults().fail(
+            Failure::new(500)
+                .verb("watch")
+                .resource("widgets")
+                .times(u32::MAX),
+        );
+        cluster
+            .faults()
+            .silence_watches(Matcher::any().resource("widgets"));
+        let body = until_answer(port, "/healthz", "the deaf stream detected", |code, _| {
+            code == 500
+        })
+        .await;
+        assert!(body.contains("[-]watches failed"), "{body}");
+        assert!(
+            body.contains("widgets.v1.example.com"),
+            "names the stream: {body}"
+        );
+        assert!(
+            body.contains("[+]actors ok"),
+            "the other checks pass: {body}"
+        );
+        let (code, only) = get(port, "/healthz/watches").await.unwrap();
+        assert_eq!(code, 500, "{only}");
+        let (code, _) = get(port, "/healthz?exclude=watches").await.unwrap();
+        assert_eq!(code, 200, "the failed check excluded");
+
+        cluster.faults().reset();
+        until_answer(port, "/healthz", "recovery", |code, _| code == 200).await;
+        running.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn readiness_waits_for_the_startup_activities_and_the_initial_listing() {
+        let (cluster, _widgets) = cluster_with_widgets().await;
+        let port = free_port();
+        let (release, released) = tokio::sync::watch::channel(false);
+        let released = Arc::new(released);
+        // The listing of widgets answers late.
+        cluster.faults().add_latency(
+            Matcher::any().verb("list").resource("widgets"),
+            Duration::from_secs(2),
+        );
+        let running = spawn(
+            operator(&cluster)
+                .liveness(&format!("http://127.0.0.1:{port}/live"))
+                .settings(quick_health)
+                .on_startup("connect", move |_: ActivityCtx| {
+                    let mut released = (*released).clone();
+                    async move {
+                        let _ = released.wait_for(|r| *r).await;
+                        Ok(())
+                    }
+                })
+                .on_event(("example.com", "v1", "widgets"), "log", |_: Ctx| async {
+                    Ok(())
+                }),
+        );
+        let body = until_answer(port, "/readyz", "not ready during startup", |code, _| {
+            code == 500
+        })
+        .await;
+        assert!(body.contains("[-]startup failed"), "{body}");
+        let (code, _) = get(port, "/live").await.unwrap();
+        assert_eq!(code, 200, "alive meanwhile, at Kopf's liveness path too");
+
+        release.send(true).unwrap();
+        let body = until_answer(
+            port,
+            "/readyz?verbose",
+            "startup done, listing not",
+            |_, body| body.contains("[+]startup ok"),
+        )
+        .await;
+        assert!(body.contains("[-]listing failed"), "{body}");
+        assert!(body.contains("widgets.v1.example.com"), "{body}");
+        let (code, _) = get(port, "/readyz/listing").await.unwrap();
+        assert_eq!(code, 500);
+
+        let body = until_answer(port, "/readyz", "ready", |code, _| code == 200).await;
+        assert_eq!(body.trim(), "ok");
+        let body = until_answer(port, "/readyz?verbose", "every check passes", |code, _| {
+            code == 200
+        })
+        .await;
+        assert!(
+            body.contains("[+]listing ok") && body.contains("readyz check passed"),
+            "{body}"
+        );
+        running.stop().await;
+    }
 }

@@ -1,4 +1,4 @@
-//! Changing handlers end to end: real operators against the emulator over real HTTP, checking what
+//! Changing handlers end to end: real operators against the cluster over real HTTP, checking what
 //! lands on the objects in Kopf's formats.
 
 mod support;
@@ -6,8 +6,9 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kactor::emulator::{samples, Emulator};
+use kactor::emulator::samples;
 use kactor::prelude::*;
+use kactor_testenv::TestCluster;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::Value;
 use support::*;
@@ -59,21 +60,20 @@ async fn set_size(api: &Api<DynamicObject>, name: &str, size: i64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_handler_stores_its_result_and_the_diff_base_and_purges_its_progress() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let seen = calls.clone();
-    let running = spawn(operator(&emulator).on_create(
-        "widgets.example.com",
-        "create_fn",
-        move |ctx: Ctx| {
-            let seen = seen.clone();
-            async move {
-                seen.record(&ctx);
-                assert_eq!(ctx.reason(), Some(Reason::Create));
-                Ok(json!({"message": format!("size {}", ctx.spec()["size"])}))
-            }
-        },
-    ));
+    let running =
+        spawn(
+            operator(&cluster).on_create("widgets.example.com", "create_fn", move |ctx: Ctx| {
+                let seen = seen.clone();
+                async move {
+                    seen.record(&ctx);
+                    assert_eq!(ctx.reason(), Some(Reason::Create));
+                    Ok(json!({"message": format!("size {}", ctx.spec()["size"])}))
+                }
+            }),
+        );
     create(&widgets, "w1", 3).await;
     let object = until(&widgets, "w1", "the diff-base", |o| {
         o.is_some_and(|o| annotation(o, &format!("{PREFIX}/last-handled-configuration")).is_some())
@@ -97,13 +97,13 @@ async fn a_create_handler_stores_its_result_and_the_diff_base_and_purges_its_pro
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn update_field_and_delete_handlers_run_for_their_causes() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let diffs = Arc::new(Mutex::new(Vec::new()));
     let (c1, c2, c3, c4) = (calls.clone(), calls.clone(), calls.clone(), calls.clone());
     let seen_diffs = diffs.clone();
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_create("widgets.example.com", "create_fn", move |ctx: Ctx| {
                 let calls = c1.clone();
                 async move {
@@ -190,26 +190,25 @@ fn progress(object: &DynamicObject, id: &str) -> Option<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_temporary_error_is_retried_after_its_delay_with_progress_on_the_object() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let seen = calls.clone();
-    let running = spawn(operator(&emulator).on_create(
-        "widgets.example.com",
-        "create_fn",
-        move |ctx: Ctx| {
-            let seen = seen.clone();
-            async move {
-                seen.record(&ctx);
-                if ctx.retry() < 2 {
-                    return Err(HandlerError::temporary(
-                        "not ready yet",
-                        Duration::from_millis(300),
-                    ));
+    let running =
+        spawn(
+            operator(&cluster).on_create("widgets.example.com", "create_fn", move |ctx: Ctx| {
+                let seen = seen.clone();
+                async move {
+                    seen.record(&ctx);
+                    if ctx.retry() < 2 {
+                        return Err(HandlerError::temporary(
+                            "not ready yet",
+                            Duration::from_millis(300),
+                        ));
+                    }
+                    Ok(json!(ctx.retry()))
                 }
-                Ok(json!(ctx.retry()))
-            }
-        },
-    ));
+            }),
+        );
     create(&widgets, "w1", 1).await;
     let object = until(&widgets, "w1", "the first failure recorded", |o| {
         o.and_then(|o| progress(o, "create_fn"))
@@ -239,10 +238,10 @@ async fn a_temporary_error_is_retried_after_its_delay_with_progress_on_the_objec
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permanent_errors_and_panics_fail_for_good_and_other_objects_go_on() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let seen = calls.clone();
-    let running = spawn(operator(&emulator).on_create(
+    let running = spawn(operator(&cluster).on_create(
         "widgets.example.com",
         On::id("create_fn").errors(ErrorsMode::Permanent),
         move |ctx: Ctx| {
@@ -285,7 +284,7 @@ async fn permanent_errors_and_panics_fail_for_good_and_other_objects_go_on() {
     }
     // The outcomes are posted as Kubernetes Events about the objects.
     let events: Api<DynamicObject> = Api::namespaced_with(
-        emulator.client(),
+        cluster.client(),
         "default",
         &kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::Event>(&()),
     );
@@ -328,11 +327,11 @@ async fn permanent_errors_and_panics_fail_for_good_and_other_objects_go_on() {
 /// runs each succeeded handler exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_operator_finishes_the_job_without_rerunning_succeeded_handlers() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let build = |calls: &Calls, fail_second: bool| {
         let (first, second) = (calls.clone(), calls.clone());
-        operator(&emulator)
+        operator(&cluster)
             .on_create("widgets.example.com", "first", move |ctx: Ctx| {
                 let calls = first.clone();
                 async move {
@@ -394,11 +393,11 @@ async fn a_restarted_operator_finishes_the_job_without_rerunning_succeeded_handl
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deletion_interrupted_by_a_restart_is_finished_by_the_next_operator() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let build = |calls: &Calls, fail: bool| {
         let calls = calls.clone();
-        operator(&emulator).on_delete("widgets.example.com", "delete_fn", move |ctx: Ctx| {
+        operator(&cluster).on_delete("widgets.example.com", "delete_fn", move |ctx: Ctx| {
             let calls = calls.clone();
             async move {
                 calls.record(&ctx);
@@ -452,11 +451,11 @@ async fn a_deletion_interrupted_by_a_restart_is_finished_by_the_next_operator() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resume_handlers_run_once_per_process_for_listed_objects_and_create_does_not_rerun() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let build = |calls: &Calls| {
         let (create_calls, resume_calls) = (calls.clone(), calls.clone());
-        operator(&emulator)
+        operator(&cluster)
             .on_create("widgets.example.com", "create_fn", move |ctx: Ctx| {
                 let calls = create_calls.clone();
                 async move {
@@ -507,7 +506,7 @@ async fn resume_handlers_run_once_per_process_for_listed_objects_and_create_does
 /// Progress written by Kopf (its format, its keys) is picked up where Kopf left it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_left_by_kopf_is_continued_and_garbage_is_treated_as_absent() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let mut kopf_halfway = samples::widget("kopf", 1);
     kopf_halfway["metadata"]["annotations"] = json!({
         "kopf.zalando.org/create_a": "{\"started\":\"2026-03-01T10:00:00.123456+00:00\",\"stopped\":\"2026-03-01T10:00:00.523456+00:00\",\"purpose\":\"create\",\"retries\":1,\"success\":true,\"failure\":false}",
@@ -530,7 +529,7 @@ async fn progress_left_by_kopf_is_continued_and_garbage_is_treated_as_absent() {
     let calls = Calls::default();
     let (a, b) = (calls.clone(), calls.clone());
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .on_create("widgets.example.com", "create_a", move |ctx: Ctx| {
                 let calls = a.clone();
                 async move {
@@ -565,20 +564,19 @@ async fn progress_left_by_kopf_is_continued_and_garbage_is_treated_as_absent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_diff_base_too_large_for_annotations_is_kept_in_the_status_and_handled_once() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let seen = calls.clone();
-    let running = spawn(operator(&emulator).on_create(
-        "widgets.example.com",
-        "create_fn",
-        move |ctx: Ctx| {
-            let seen = seen.clone();
-            async move {
-                seen.record(&ctx);
-                Ok(())
-            }
-        },
-    ));
+    let running =
+        spawn(
+            operator(&cluster).on_create("widgets.example.com", "create_fn", move |ctx: Ctx| {
+                let seen = seen.clone();
+                async move {
+                    seen.record(&ctx);
+                    Ok(())
+                }
+            }),
+        );
     let mut big = samples::widget("big", 1);
     big["spec"]["blob"] = json!("x".repeat(300 * 1024));
     widgets
@@ -608,69 +606,16 @@ async fn a_diff_base_too_large_for_annotations_is_kept_in_the_status_and_handled
     running.stop().await;
 }
 
-/// The API fails every patch for a while: the object is throttled and handled once the API is
-/// back; other objects are not held up meanwhile.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn api_failures_throttle_the_object_and_it_is_handled_when_the_api_recovers() {
-    let emulator = Emulator::builder()
-        .bookmark_interval(Duration::from_millis(200))
-        .start()
-        .await
-        .unwrap();
-    let widgets = samples::install_widgets(&emulator.client()).await.unwrap();
-    let calls = Calls::default();
-    let seen = calls.clone();
-    // kube's own retries are off, so the failures reach kactor's retries and then its throttling.
-    let mut config = emulator.config();
-    config.default_retry = false;
-    let client = kube::Client::try_from(config).unwrap();
-    let operator = operator(&emulator)
-        .client(client)
-        .settings(|s| s.queueing.error_delays = vec![Duration::from_millis(200)])
-        .on_create("widgets.example.com", "create_fn", move |ctx: Ctx| {
-            let seen = seen.clone();
-            async move {
-                seen.record(&ctx);
-                Ok(json!("done"))
-            }
-        });
-    // Every patch fails 10 times in a row: more than the 3 retries of a cycle, so the object is
-    // throttled at least twice before a cycle gets through.
-    emulator.faults().fail(
-        kactor::emulator::Failure::new(503)
-            .verb("patch")
-            .resource("widgets")
-            .times(10),
-    );
-    create(&widgets, "w1", 1).await;
-    let running = spawn(operator);
-    let object = until(&widgets, "w1", "the result after the outage", |o| {
-        o.is_some_and(|o| diff_base(o).is_some())
-    })
-    .await
-    .unwrap();
-    assert_eq!(status(&object)["create_fn"], json!("done"));
-    // Each failed cycle ran the handler (its result was never stored): at least once, as in Kopf.
-    assert!(calls.count("create_fn", "w1") >= 2, "{:?}", calls.all());
-    // Another object created now is handled at once.
-    create(&widgets, "w2", 1).await;
-    until(&widgets, "w2", "the second object", |o| {
-        o.is_some_and(|o| diff_base(o).is_some())
-    })
-    .await;
-    running.stop().await;
-}
-
 /// The next cycle waits for the version our own patch wrote (`consistency_timeout`), but not when
 /// that version's event already arrived while the patch was in flight: with an hour-long timeout,
 /// handlers that need several cycles still finish at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn our_own_patch_seen_during_the_cycle_counts_as_consistent() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let (first, second, third) = (calls.clone(), calls.clone(), calls.clone());
     let running = spawn(
-        operator(&emulator)
+        operator(&cluster)
             .settings(|s| s.persistence.consistency_timeout = Duration::from_secs(3600))
             .on_create("widgets.example.com", "first", move |ctx: Ctx| {
                 let calls = first.clone();
@@ -710,4 +655,63 @@ async fn our_own_patch_seen_during_the_cycle_counts_as_consistent() {
         }
     }
     running.stop().await;
+}
+
+/// Tests that inject faults, which only the emulator can: `scripts/test` skips them on the real
+/// API server (`--skip emulator_only`).
+mod emulator_only {
+    use super::*;
+
+    /// The API fails every patch for a while: the object is throttled and handled once the API is
+    /// back; other objects are not held up meanwhile.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn api_failures_throttle_the_object_and_it_is_handled_when_the_api_recovers() {
+        let cluster = TestCluster::builder()
+            .emulator(|e| e.bookmark_interval(Duration::from_millis(200)))
+            .start()
+            .await
+            .unwrap();
+        let widgets = samples::install_widgets(&cluster.client()).await.unwrap();
+        let calls = Calls::default();
+        let seen = calls.clone();
+        // kube's own retries are off, so the failures reach kactor's retries and then its throttling.
+        let mut config = cluster.config();
+        config.default_retry = false;
+        let client = kube::Client::try_from(config).unwrap();
+        let operator = operator(&cluster)
+            .client(client)
+            .settings(|s| s.queueing.error_delays = vec![Duration::from_millis(200)])
+            .on_create("widgets.example.com", "create_fn", move |ctx: Ctx| {
+                let seen = seen.clone();
+                async move {
+                    seen.record(&ctx);
+                    Ok(json!("done"))
+                }
+            });
+        // Every patch fails 10 times in a row: more than the 3 retries of a cycle, so the object is
+        // throttled at least twice before a cycle gets through.
+        cluster.faults().fail(
+            kactor::emulator::Failure::new(503)
+                .verb("patch")
+                .resource("widgets")
+                .times(10),
+        );
+        create(&widgets, "w1", 1).await;
+        let running = spawn(operator);
+        let object = until(&widgets, "w1", "the result after the outage", |o| {
+            o.is_some_and(|o| diff_base(o).is_some())
+        })
+        .await
+        .unwrap();
+        assert_eq!(status(&object)["create_fn"], json!("done"));
+        // Each failed cycle ran the handler (its result was never stored): at least once, as in Kopf.
+        assert!(calls.count("create_fn", "w1") >= 2, "{:?}", calls.all());
+        // Another object created now is handled at once.
+        create(&widgets, "w2", 1).await;
+        until(&widgets, "w2", "the second object", |o| {
+            o.is_some_and(|o| diff_base(o).is_some())
+        })
+        .await;
+        running.stop().await;
+    }
 }

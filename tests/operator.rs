@@ -1,11 +1,12 @@
-//! Real operators against the emulator over real HTTP: the reactor end to end.
+//! Real operators against the cluster over real HTTP: the reactor end to end.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kactor::emulator::{samples, Emulator, Matcher};
+use kactor::emulator::{samples, Matcher};
 use kactor::prelude::*;
+use kactor_testenv::TestCluster;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use tokio::sync::oneshot;
 
@@ -77,14 +78,14 @@ fn spawn(operator: Operator) -> Running {
     }
 }
 
-async fn emulator_with_widgets() -> (Emulator, Api<DynamicObject>) {
-    let emulator = Emulator::builder()
-        .bookmark_interval(Duration::from_millis(200))
+async fn cluster_with_widgets() -> (TestCluster, Api<DynamicObject>) {
+    let cluster = TestCluster::builder()
+        .emulator(|e| e.bookmark_interval(Duration::from_millis(200)))
         .start()
         .await
         .unwrap();
-    let widgets = samples::install_widgets(&emulator.client()).await.unwrap();
-    (emulator, widgets)
+    let widgets = samples::install_widgets(&cluster.client()).await.unwrap();
+    (cluster, widgets)
 }
 
 async fn create(api: &Api<DynamicObject>, name: &str) {
@@ -96,10 +97,10 @@ async fn create(api: &Api<DynamicObject>, name: &str) {
     .unwrap();
 }
 
-fn recording(emulator: &Emulator, seen: &Seen) -> Operator {
+fn recording(cluster: &TestCluster, seen: &Seen) -> Operator {
     let seen = seen.clone();
     Operator::new()
-        .client(emulator.client())
+        .client(cluster.client())
         .settings(|s| {
             s.watching.reconnect_backoff = Duration::from_millis(10);
             s.networking.error_backoffs = vec![Duration::from_millis(20); 3];
@@ -116,10 +117,10 @@ fn recording(emulator: &Emulator, seen: &Seen) -> Operator {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn objects_that_exist_before_start_and_objects_created_after_are_all_seen() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     create(&widgets, "before").await;
     let seen = Seen::default();
-    let running = spawn(recording(&emulator, &seen));
+    let running = spawn(recording(&cluster, &seen));
     seen.until("the listed object", |s| {
         s.contains(&("None".into(), "before".into()))
     })
@@ -153,76 +154,10 @@ async fn objects_that_exist_before_start_and_objects_created_after_are_all_seen(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dropped_stream_a_410_and_a_silent_stream_lose_nothing_and_replay_nothing() {
-    let (emulator, widgets) = emulator_with_widgets().await;
-    create(&widgets, "steady").await;
-    let seen = Seen::default();
-    let operator = recording(&emulator, &seen)
-        .settings(|s| s.watching.inactivity_timeout = Duration::from_millis(800));
-    let running = spawn(operator);
-    seen.until("the listing", |s| s.len() == 1).await;
-
-    emulator.faults().end_watches();
-    create(&widgets, "after-drop").await;
-    seen.until("the event after the drop", |s| {
-        s.iter().any(|(_, n)| n == "after-drop")
-    })
-    .await;
-
-    // While the stream is silent, one object changes and one goes; then the history is compacted, so
-    // the resumed watch gets 410 and the operator relists.
-    emulator
-        .faults()
-        .silence_watches(Matcher::any().resource("widgets"));
-    create(&widgets, "during-410").await;
-    widgets
-        .delete("after-drop", &DeleteParams::default())
-        .await
-        .unwrap();
-    emulator.faults().compact();
-    emulator.faults().end_watches();
-    emulator.faults().reset();
-    seen.until("the relisted changes", |s| {
-        s.iter().any(|(_, n)| n == "during-410")
-            && s.iter().any(|(k, n)| k == "DELETED" && n == "after-drop")
-    })
-    .await;
-
-    // A stream that stays open but silent is given up after the inactivity timeout.
-    emulator
-        .faults()
-        .silence_watches(Matcher::any().resource("widgets"));
-    let faults = emulator.faults().clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        faults.reset();
-    });
-    create(&widgets, "after-silence").await;
-    seen.until("the event after the silence", |s| {
-        s.iter().any(|(_, n)| n == "after-silence")
-    })
-    .await;
-
-    assert_eq!(
-        seen.count("None", "steady"),
-        1,
-        "an unchanged object is not dispatched again after a relist: {:?}",
-        seen.all()
-    );
-    assert_eq!(
-        seen.all().iter().filter(|(_, n)| n == "during-410").count(),
-        1,
-        "{:?}",
-        seen.all()
-    );
-    running.stop().await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_and_a_crd_that_appear_later_are_served() {
-    let emulator = Emulator::start().await.unwrap();
+    let cluster = TestCluster::start().await.unwrap();
     let seen = Seen::default();
-    let operator = recording(&emulator, &seen).namespaces(["team-*"]).on_event(
+    let operator = recording(&cluster, &seen).namespaces(["team-*"]).on_event(
         ("example.com", "v1", "widgets"),
         "record-exact",
         {
@@ -241,7 +176,7 @@ async fn a_namespace_and_a_crd_that_appear_later_are_served() {
     assert!(error.to_string().contains("widgets"), "{error}");
 
     let exact_only = Operator::new()
-        .client(emulator.client())
+        .client(cluster.client())
         .namespaces(["team-*"])
         .on_event(("example.com", "v1", "widgets"), "record", {
             let seen = seen.clone();
@@ -255,8 +190,8 @@ async fn a_namespace_and_a_crd_that_appear_later_are_served() {
         });
     let running = spawn(exact_only);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    samples::install_widgets(&emulator.client()).await.unwrap();
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(emulator.client());
+    samples::install_widgets(&cluster.client()).await.unwrap();
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(cluster.client());
     for name in ["team-a", "other"] {
         namespaces
             .create(
@@ -266,7 +201,7 @@ async fn a_namespace_and_a_crd_that_appear_later_are_served() {
             .await
             .unwrap();
         let api: Api<DynamicObject> =
-            Api::namespaced_with(emulator.client(), name, &samples::widget_api_resource());
+            Api::namespaced_with(cluster.client(), name, &samples::widget_api_resource());
         let mut body = samples::widget(&format!("in-{name}"), 1);
         body["metadata"]["namespace"] = serde_json::json!(name);
         // The operator may not have started the namespace's supervisor yet; the object is listed then.
@@ -291,9 +226,9 @@ async fn a_namespace_and_a_crd_that_appear_later_are_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_and_a_slow_handler_hurt_nobody_else() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let seen = Seen::default();
-    let operator = recording(&emulator, &seen).on_event(
+    let operator = recording(&cluster, &seen).on_event(
         "widgets.example.com",
         "troublemaker",
         |ctx: Ctx| async move {
@@ -332,12 +267,12 @@ async fn a_panicking_and_a_slow_handler_hurt_nobody_else() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_arriving_during_a_cycle_are_coalesced_to_the_newest_body() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     create(&widgets, "busy").await;
     let sizes: Arc<Mutex<Vec<i64>>> = Arc::default();
     let operator =
         Operator::new()
-            .client(emulator.client())
+            .client(cluster.client())
             .on_event("widgets.example.com", "slow", {
                 let sizes = sizes.clone();
                 move |ctx: Ctx| {
@@ -390,7 +325,7 @@ async fn events_arriving_during_a_cycle_are_coalesced_to_the_newest_body() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_and_cleanup_activities_run_around_the_watching() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     create(&widgets, "w").await;
     let log: Arc<Mutex<Vec<String>>> = Arc::default();
     let note = |log: &Arc<Mutex<Vec<String>>>, what: &'static str| {
@@ -404,7 +339,7 @@ async fn startup_and_cleanup_activities_run_around_the_watching() {
         }
     };
     let operator = Operator::new()
-        .client(emulator.client())
+        .client(cluster.client())
         .on_startup("first", note(&log, "startup"))
         .on_cleanup("last", note(&log, "cleanup"))
         .on_event("widgets.example.com", "event", {
@@ -427,7 +362,7 @@ async fn startup_and_cleanup_activities_run_around_the_watching() {
     assert_eq!(*log.lock().unwrap(), ["startup", "event", "cleanup"]);
 
     let failing = Operator::new()
-        .client(emulator.client())
+        .client(cluster.client())
         .on_startup("broken", |_: ActivityCtx| async {
             Err(HandlerError::msg("no database"))
         });
@@ -459,12 +394,12 @@ async fn an_unreachable_api_is_a_clear_one_line_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_object_keeps_its_memo_across_events() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     let counts: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
     #[derive(Default)]
     struct Events(u32);
     let operator = Operator::new()
-        .client(emulator.client())
+        .client(cluster.client())
         .settings(|s| s.queueing.idle_timeout = Duration::from_millis(50))
         .on_event("widgets.example.com", "count", {
             let counts = counts.clone();
@@ -508,9 +443,9 @@ async fn each_object_keeps_its_memo_across_events() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_longer_than_the_ultimate_exiting_timeout_gives_up() {
-    let emulator = Emulator::start().await.unwrap();
+    let cluster = TestCluster::start().await.unwrap();
     let operator = Operator::new()
-        .client(emulator.client())
+        .client(cluster.client())
         .settings(|s| s.process.ultimate_exiting_timeout = Duration::from_millis(200))
         .on_cleanup("stuck", |_: ActivityCtx| async {
             tokio::time::sleep(Duration::from_secs(60)).await;
@@ -525,14 +460,14 @@ async fn a_shutdown_longer_than_the_ultimate_exiting_timeout_gives_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pausing_stops_handling_keeps_memory_and_resuming_catches_up() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     create(&widgets, "steady").await;
     create(&widgets, "changing").await;
     let seen = Seen::default();
     #[derive(Default)]
     struct Events(u32);
     let counts: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
-    let operator = recording(&emulator, &seen).on_event("widgets.example.com", "count", {
+    let operator = recording(&cluster, &seen).on_event("widgets.example.com", "count", {
         let counts = counts.clone();
         move |ctx: Ctx| {
             let counts = counts.clone();
@@ -591,10 +526,10 @@ async fn pausing_stops_handling_keeps_memory_and_resuming_catches_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_that_starts_paused_waits_for_the_resume() {
-    let (emulator, widgets) = emulator_with_widgets().await;
+    let (cluster, widgets) = cluster_with_widgets().await;
     create(&widgets, "waiting").await;
     let seen = Seen::default();
-    let operator = recording(&emulator, &seen);
+    let operator = recording(&cluster, &seen);
     let switch = operator.pause_switch();
     switch.set("test", Some("paused before the start".into()));
     let running = spawn(operator);
@@ -606,4 +541,76 @@ async fn an_operator_that_starts_paused_waits_for_the_resume() {
     })
     .await;
     running.stop().await.unwrap();
+}
+
+/// Tests that inject faults, which only the emulator can: `scripts/test` skips them on the real
+/// API server (`--skip emulator_only`).
+mod emulator_only {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_stream_a_410_and_a_silent_stream_lose_nothing_and_replay_nothing() {
+        let (cluster, widgets) = cluster_with_widgets().await;
+        create(&widgets, "steady").await;
+        let seen = Seen::default();
+        let operator = recording(&cluster, &seen)
+            .settings(|s| s.watching.inactivity_timeout = Duration::from_millis(800));
+        let running = spawn(operator);
+        seen.until("the listing", |s| s.len() == 1).await;
+
+        cluster.faults().end_watches();
+        create(&widgets, "after-drop").await;
+        seen.until("the event after the drop", |s| {
+            s.iter().any(|(_, n)| n == "after-drop")
+        })
+        .await;
+
+        // While the stream is silent, one object changes and one goes; then the history is compacted, so
+        // the resumed watch gets 410 and the operator relists.
+        cluster
+            .faults()
+            .silence_watches(Matcher::any().resource("widgets"));
+        create(&widgets, "during-410").await;
+        widgets
+            .delete("after-drop", &DeleteParams::default())
+            .await
+            .unwrap();
+        cluster.faults().compact();
+        cluster.faults().end_watches();
+        cluster.faults().reset();
+        seen.until("the relisted changes", |s| {
+            s.iter().any(|(_, n)| n == "during-410")
+                && s.iter().any(|(k, n)| k == "DELETED" && n == "after-drop")
+        })
+        .await;
+
+        // A stream that stays open but silent is given up after the inactivity timeout.
+        cluster
+            .faults()
+            .silence_watches(Matcher::any().resource("widgets"));
+        let faults = cluster.faults().clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            faults.reset();
+        });
+        create(&widgets, "after-silence").await;
+        seen.until("the event after the silence", |s| {
+            s.iter().any(|(_, n)| n == "after-silence")
+        })
+        .await;
+
+        assert_eq!(
+            seen.count("None", "steady"),
+            1,
+            "an unchanged object is not dispatched again after a relist: {:?}",
+            seen.all()
+        );
+        assert_eq!(
+            seen.all().iter().filter(|(_, n)| n == "during-410").count(),
+            1,
+            "{:?}",
+            seen.all()
+        );
+        running.stop().await.unwrap();
+    }
 }

@@ -1,4 +1,4 @@
-//! `rbac generate`, `rbac verify` and `crds`, end to end: the generated RBAC, applied to an emulator
+//! `rbac generate`, `rbac verify` and `crds`, end to end: the generated RBAC, applied to a cluster
 //! that authorizes as a cluster does, lets the operator do all its work as its service account, and
 //! a rule taken out of it is both a 403 for the operator and a missing permission for `rbac verify`.
 
@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kactor::cli::{Command, Manifests, OperatorCli, RbacArgs, RbacCommand};
-use kactor::emulator::{samples, Emulator};
+use kactor::emulator::samples;
 use kactor::observe::Observer;
 use kactor::prelude::*;
 use kactor::rbac::RbacError;
+use kactor_testenv::TestCluster;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::ApiResource;
@@ -114,16 +115,16 @@ fn command(prefix: &[&str], args: &[&str]) -> Manifests {
     }
 }
 
-/// An emulator in RBAC mode with widgets, the operator's namespace, the peering CRDs and a
+/// A cluster in RBAC mode with widgets, the operator's namespace, the peering CRDs and a
 /// `KopfPeering` in `default`.
-async fn emulator() -> (Emulator, Api<DynamicObject>) {
-    let emulator = Emulator::builder()
+async fn cluster() -> (TestCluster, Api<DynamicObject>) {
+    let cluster = TestCluster::builder()
         .rbac(true)
-        .bookmark_interval(Duration::from_millis(200))
+        .emulator(|e| e.bookmark_interval(Duration::from_millis(200)))
         .start()
         .await
         .unwrap();
-    let admin = emulator.client();
+    let admin = cluster.client();
     let widgets = samples::install_widgets(&admin).await.unwrap();
     let namespace = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}});
     let mut objects = vec![namespace];
@@ -135,7 +136,7 @@ async fn emulator() -> (Emulator, Api<DynamicObject>) {
     for object in objects {
         create(&admin, object).await;
     }
-    (emulator, widgets)
+    (cluster, widgets)
 }
 
 /// Creates an object as the administrator, finding its resource through discovery.
@@ -147,7 +148,15 @@ async fn create(client: &kube::Client, object: Value) {
         None => (String::new(), types.api_version.clone()),
     };
     let gvk = GroupVersionKind::gvk(&group, &version, &types.kind);
-    let (resource, capabilities) = kube::discovery::pinned_kind(client, &gvk).await.unwrap();
+    // A CRD created just before is served a moment later on a real API server.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let (resource, capabilities) = loop {
+        match kube::discovery::pinned_kind(client, &gvk).await {
+            Ok(found) => break found,
+            Err(e) if tokio::time::Instant::now() >= deadline => panic!("{gvk:?}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
     let api: Api<DynamicObject> = match &object.metadata.namespace {
         Some(namespace) if capabilities.scope == kube::discovery::Scope::Namespaced => {
             Api::namespaced_with(client.clone(), namespace, &resource)
@@ -160,10 +169,10 @@ async fn create(client: &kube::Client, object: Value) {
 }
 
 /// Applies manifests (YAML documents) as the administrator.
-async fn apply(emulator: &Emulator, manifests: &str) {
+async fn apply(cluster: &TestCluster, manifests: &str) {
     let documents: Vec<Value> = serde_saphyr::from_multiple(manifests).unwrap();
     for document in documents {
-        create(&emulator.client(), document).await;
+        create(&cluster.client(), document).await;
     }
 }
 
@@ -183,9 +192,10 @@ fn without(manifests: &str, resource: &str) -> String {
 }
 
 /// The operator as its service account, with quick retries, run with these options.
-fn operator(emulator: &Emulator, args: &RbacArgs, denials: &Arc<Denials>) -> Operator {
-    let client = emulator
+async fn operator(cluster: &TestCluster, args: &RbacArgs, denials: &Arc<Denials>) -> Operator {
+    let client = cluster
         .client_as_service_account(NAMESPACE, ACCOUNT)
+        .await
         .unwrap();
     handlers(Operator::new())
         .client(client)
@@ -211,7 +221,7 @@ fn result<'a>(object: Option<&'a DynamicObject>, handler: &str) -> Option<&'a Va
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_generated_rbac_lets_the_operator_do_all_its_work_without_a_single_403() {
-    let (emulator, widgets) = emulator().await;
+    let (cluster, widgets) = cluster().await;
     let args = rbac_args(&[
         "-n",
         "default",
@@ -224,10 +234,10 @@ async fn the_generated_rbac_lets_the_operator_do_all_its_work_without_a_single_4
     let manifests = kactor::rbac::generate(&handlers(Operator::new()), &args)
         .await
         .unwrap();
-    apply(&emulator, &manifests).await;
+    apply(&cluster, &manifests).await;
 
     let denials = Arc::new(Denials::default());
-    let running = support::spawn(operator(&emulator, &args, &denials));
+    let running = support::spawn(operator(&cluster, &args, &denials).await);
     let widget = serde_json::from_value(samples::widget("w1", 1)).unwrap();
     widgets
         .create(&PostParams::default(), &widget)
@@ -256,7 +266,7 @@ async fn the_generated_rbac_lets_the_operator_do_all_its_work_without_a_single_4
 
     // It peered and led: its record is in the peering object, and the Lease is its.
     let peerings: Api<DynamicObject> = Api::namespaced_with(
-        emulator.client(),
+        cluster.client(),
         "default",
         &ApiResource::from_gvk_with_plural(
             &GroupVersionKind::gvk("kopf.dev", "v1", "KopfPeering"),
@@ -269,7 +279,7 @@ async fn the_generated_rbac_lets_the_operator_do_all_its_work_without_a_single_4
         "no keep-alive record: {peering:?}"
     );
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(emulator.client(), NAMESPACE);
+        Api::namespaced(cluster.client(), NAMESPACE);
     let lease = leases.get(ACCOUNT).await.unwrap();
     assert!(lease.spec.and_then(|s| s.holder_identity).is_some());
 
@@ -277,7 +287,7 @@ async fn the_generated_rbac_lets_the_operator_do_all_its_work_without_a_single_4
     until(&widgets, "w1", "the deletion", |w| w.is_none()).await;
     // Events are posted in the background: wait for them.
     let events: Api<k8s_openapi::api::core::v1::Event> =
-        Api::namespaced(emulator.client(), "default");
+        Api::namespaced(cluster.client(), "default");
     let expected = [
         "a widget is born",
         "Handler 'create_fn' succeeded.",
@@ -320,16 +330,16 @@ async fn the_generated_rbac_lets_the_operator_do_all_its_work_without_a_single_4
 /// Takes the rules on `resource` out of the generated RBAC: the operator is denied, and
 /// `rbac verify` says what is missing and why.
 async fn without_the_rule_on(resource: &str, denied_verb: &str) {
-    let (emulator, widgets) = emulator().await;
+    let (cluster, widgets) = cluster().await;
     let args = rbac_args(&["-n", "default", "--standalone"]);
     let full = kactor::rbac::generate(&handlers(Operator::new()), &args)
         .await
         .unwrap();
     let manifests = without(&full, resource);
-    apply(&emulator, &manifests).await;
+    apply(&cluster, &manifests).await;
 
     let denials = Arc::new(Denials::default());
-    let running = support::spawn(operator(&emulator, &args, &denials));
+    let running = support::spawn(operator(&cluster, &args, &denials).await);
     let widget = serde_json::from_value(samples::widget("w1", 1)).unwrap();
     widgets
         .create(&PostParams::default(), &widget)
@@ -410,7 +420,7 @@ async fn without_events_the_operator_is_denied_and_verify_says_so() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wildcards_grant_everything_to_the_operator_and_to_verify() {
-    let (emulator, widgets) = emulator().await;
+    let (cluster, widgets) = cluster().await;
     let manifests = format!(
         "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {ACCOUNT}, namespace: {NAMESPACE}}}\n\
          ---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {{name: all}}\n\
@@ -419,10 +429,10 @@ async fn wildcards_grant_everything_to_the_operator_and_to_verify() {
          roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: all}}\n\
          subjects: [{{kind: ServiceAccount, name: {ACCOUNT}, namespace: {NAMESPACE}}}]\n"
     );
-    apply(&emulator, &manifests).await;
+    apply(&cluster, &manifests).await;
     let args = rbac_args(&["-A"]);
     let denials = Arc::new(Denials::default());
-    let running = support::spawn(operator(&emulator, &args, &denials));
+    let running = support::spawn(operator(&cluster, &args, &denials).await);
     let widget = serde_json::from_value(samples::widget("w1", 1)).unwrap();
     widgets
         .create(&PostParams::default(), &widget)
@@ -442,19 +452,20 @@ async fn wildcards_grant_everything_to_the_operator_and_to_verify() {
 
 #[tokio::test]
 async fn a_denied_request_is_the_api_servers_403() {
-    let (emulator, widgets) = emulator().await;
+    let (cluster, widgets) = cluster().await;
     let args = rbac_args(&["-n", "default", "--standalone"]);
     let full = kactor::rbac::generate(&handlers(Operator::new()), &args)
         .await
         .unwrap();
-    apply(&emulator, &without(&full, "widgets/status")).await;
+    apply(&cluster, &without(&full, "widgets/status")).await;
     let widget = serde_json::from_value(samples::widget("w1", 1)).unwrap();
     widgets
         .create(&PostParams::default(), &widget)
         .await
         .unwrap();
-    let client = emulator
+    let client = cluster
         .client_as_service_account(NAMESPACE, ACCOUNT)
+        .await
         .unwrap();
     let as_operator: Api<DynamicObject> =
         Api::namespaced_with(client, "default", &samples::widget_api_resource());
@@ -573,10 +584,10 @@ async fn generate_writes_a_file_that_verify_reads_from_a_file_or_stdin() {
 
 #[tokio::test]
 async fn resources_named_by_kind_are_resolved_through_discovery() {
-    let emulator = Emulator::start().await.unwrap();
-    samples::install_widgets(&emulator.client()).await.unwrap();
+    let cluster = TestCluster::start().await.unwrap();
+    samples::install_widgets(&cluster.client()).await.unwrap();
     let operator = Operator::new()
-        .client(emulator.client())
+        .client(cluster.client())
         .on_create("Widget", "create_fn", |_: Ctx| async { Ok(()) })
         .on_update("wd", "update_fn", |_: Ctx| async { Ok(()) });
     let requirements =
@@ -607,7 +618,7 @@ async fn resources_named_by_kind_are_resolved_through_discovery() {
 
     let unknown =
         Operator::new()
-            .client(emulator.client())
+            .client(cluster.client())
             .on_create("Gizmo", "create_fn", |_: Ctx| async { Ok(()) });
     let error = kactor::rbac::generate(&unknown, &rbac_args(&["-A"]))
         .await
@@ -620,8 +631,8 @@ async fn resources_named_by_kind_are_resolved_through_discovery() {
     assert!(!message.contains('\n'));
 
     // Without a cluster to ask, the selector is named too.
-    let client = emulator.client();
-    drop(emulator);
+    let client = cluster.client();
+    cluster.shutdown().await;
     let offline = Operator::new()
         .client(client)
         .on_create("Widget", "create_fn", |_: Ctx| async { Ok(()) });

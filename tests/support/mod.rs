@@ -1,4 +1,4 @@
-//! What the end-to-end tests of handlers share: an emulator with widgets, a quiet operator, running
+//! What the end-to-end tests of handlers share: a cluster with widgets, a quiet operator, running
 //! and stopping it, and waiting for what lands on objects.
 
 // Each test file is its own crate and uses only part of this.
@@ -6,8 +6,9 @@
 
 use std::time::Duration;
 
-use kactor::emulator::{samples, Emulator};
+use kactor::emulator::samples;
 use kactor::prelude::*;
+use kactor_testenv::TestCluster;
 use kube::api::{Api, DynamicObject};
 use serde_json::Value;
 use tokio::sync::oneshot;
@@ -51,21 +52,21 @@ pub fn spawn(operator: Operator) -> Running {
     }
 }
 
-/// An emulator with the widgets CRD installed.
-pub async fn emulator_with_widgets() -> (Emulator, Api<DynamicObject>) {
-    let emulator = Emulator::builder()
-        .bookmark_interval(Duration::from_millis(200))
+/// A cluster with the widgets CRD installed.
+pub async fn cluster_with_widgets() -> (TestCluster, Api<DynamicObject>) {
+    let cluster = TestCluster::builder()
+        .emulator(|e| e.bookmark_interval(Duration::from_millis(200)))
         .start()
         .await
         .unwrap();
-    let widgets = samples::install_widgets(&emulator.client()).await.unwrap();
-    (emulator, widgets)
+    let widgets = samples::install_widgets(&cluster.client()).await.unwrap();
+    (cluster, widgets)
 }
 
-/// A quiet operator for the emulator: short retries, no waiting at exit.
-pub fn operator(emulator: &Emulator) -> Operator {
+/// A quiet operator for the cluster: short retries, no waiting at exit.
+pub fn operator(cluster: &TestCluster) -> Operator {
     Operator::new()
-        .client(emulator.client())
+        .client(cluster.client())
         .standalone()
         .settings(|s| {
             s.watching.reconnect_backoff = Duration::from_millis(10);

@@ -1,4 +1,4 @@
-//! The supervisor and its workers against the emulator.
+//! The supervisor and its workers against the cluster.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -7,18 +7,19 @@ use std::time::Duration;
 use kactor_actors::supervisor::{Count, ResourceSupervisor, Shutdown, SupervisorConfig};
 use kactor_actors::system::ActorSystem;
 use kactor_actors::tracker::Tracker;
-use kactor_emulator::{samples, Emulator};
+use kactor_emulator::samples;
 use kactor_reactor::handlers::{handler_fn, Ctx, EventHandler, ResourceHandlers};
 use kactor_reactor::posting::EventPoster;
 use kactor_reactor::resources::Selector;
 use kactor_reactor::settings::Settings;
+use kactor_testenv::TestCluster;
 use kube::api::PostParams;
 use tokio::sync::Semaphore;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_workers_stop_but_every_objects_record_stays() {
-    let emulator = Emulator::start().await.unwrap();
-    let widgets = samples::install_widgets(&emulator.client()).await.unwrap();
+    let cluster = TestCluster::start().await.unwrap();
+    let widgets = samples::install_widgets(&cluster.client()).await.unwrap();
     for i in 0..5 {
         widgets
             .create(
@@ -28,7 +29,7 @@ async fn idle_workers_stop_but_every_objects_record_stays() {
             .await
             .unwrap();
     }
-    let resources = kactor_reactor::discovery::scan(&emulator.client())
+    let resources = kactor_reactor::discovery::scan(&cluster.client())
         .await
         .unwrap();
     let resource = Selector::parse("widgets.example.com")
@@ -52,7 +53,7 @@ async fn idle_workers_stop_but_every_objects_record_stays() {
     let config = SupervisorConfig {
         resource: Arc::new(resource),
         namespace: Some("default".into()),
-        client: emulator.client(),
+        client: cluster.client(),
         handlers: Arc::new(ResourceHandlers {
             event: vec![handler],
             changing: vec![],

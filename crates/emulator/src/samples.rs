@@ -63,7 +63,8 @@ pub fn crd_api_resource() -> ApiResource {
     )
 }
 
-/// Installs the widget CRD through `client` and returns the widgets of the `default` namespace.
+/// Installs the widget CRD through `client` and returns the widgets of the `default` namespace, once
+/// they are served (a real API server serves a new CRD's kind a moment after creating it).
 pub async fn install_widgets(
     client: &kube::Client,
 ) -> kube::Result<kube::Api<kube::api::DynamicObject>> {
@@ -71,9 +72,50 @@ pub async fn install_widgets(
         kube::Api::all_with(client.clone(), &crd_api_resource());
     let crd = serde_json::from_value(widget_crd()).map_err(kube::Error::SerdeError)?;
     crds.create(&kube::api::PostParams::default(), &crd).await?;
-    Ok(kube::Api::namespaced_with(
-        client.clone(),
-        "default",
-        &widget_api_resource(),
-    ))
+    let widgets = kube::Api::namespaced_with(client.clone(), "default", &widget_api_resource());
+    until_served(&widgets).await?;
+    Ok(widgets)
+}
+
+/// Waits until `api`'s resource is served (a list answers something else than 404 Not Found), for
+/// at most 30 s: a real API server serves a CRD's kind a moment after the CRD is created.
+pub async fn until_served<K>(api: &kube::Api<K>) -> kube::Result<()>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match api.list(&kube::api::ListParams::default().limit(1)).await {
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(kube::Error::Api(status));
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e),
+            Ok(_) => return Ok(()),
+        }
+    }
+}
+
+/// Waits until the CRD `name` is established (its `Established` condition is `True`), for at most
+/// 30 s: a real API server establishes a CRD a moment after it is created, the emulator at once.
+pub async fn until_established(client: &kube::Client, name: &str) -> kube::Result<()> {
+    let crds: kube::Api<kube::api::DynamicObject> =
+        kube::Api::all_with(client.clone(), &crd_api_resource());
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let crd = crds.get(name).await?;
+        let established = crd.data["status"]["conditions"]
+            .as_array()
+            .is_some_and(|conditions| {
+                conditions
+                    .iter()
+                    .any(|c| c["type"] == "Established" && c["status"] == "True")
+            });
+        if established || tokio::time::Instant::now() >= deadline {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }

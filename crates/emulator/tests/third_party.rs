@@ -1,8 +1,8 @@
 //! Third-party clients, written against real clusters, used unchanged against the emulator:
 //! `kubectl`, the official Python `kubernetes` client, and a Kopf operator.
 //!
-//! Each test starts its own emulator, writes its kubeconfig into a scratch directory, runs the tool as
-//! a subprocess with `KUBECONFIG` set, and checks both what the tool printed and what the emulator then
+//! Each test starts its own cluster, writes its kubeconfig into a scratch directory, runs the tool as
+//! a subprocess with `KUBECONFIG` set, and checks both what the tool printed and what the cluster then
 //! holds (through the `kube` client). The tools are found through `KUBECTL` (default `kubectl`) and
 //! `KACTOR_PYTHON` (default `python3`, which must import `kubernetes` and `kopf`), each a name on
 //! `PATH` or an absolute path. A test whose tool is missing is skipped with a line saying so, unless
@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use common::{eventually, run, run_ok, test_file, Background, Workdir};
 use k8s_openapi::api::core::v1::{ConfigMap, Event};
-use kactor_emulator::{samples, Emulator};
+use kactor_emulator::samples;
+use kactor_testenv::TestCluster;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 
@@ -23,20 +24,16 @@ const CALL: Duration = Duration::from_secs(60);
 /// The longest a test waits for a watcher or an operator to react to a change.
 const REACT: Duration = Duration::from_secs(60);
 
-fn widgets(emulator: &Emulator) -> Api<DynamicObject> {
-    Api::namespaced_with(
-        emulator.client(),
-        "default",
-        &samples::widget_api_resource(),
-    )
+fn widgets(cluster: &TestCluster) -> Api<DynamicObject> {
+    Api::namespaced_with(cluster.client(), "default", &samples::widget_api_resource())
 }
 
-fn crds(emulator: &Emulator) -> Api<DynamicObject> {
-    Api::all_with(emulator.client(), &samples::crd_api_resource())
+fn crds(cluster: &TestCluster) -> Api<DynamicObject> {
+    Api::all_with(cluster.client(), &samples::crd_api_resource())
 }
 
-fn configmaps(emulator: &Emulator) -> Api<ConfigMap> {
-    Api::namespaced(emulator.client(), "default")
+fn configmaps(cluster: &TestCluster) -> Api<ConfigMap> {
+    Api::namespaced(cluster.client(), "default")
 }
 
 fn object<T: serde::de::DeserializeOwned>(value: Value) -> T {
@@ -50,17 +47,20 @@ fn widget(name: &str, size: i64, labels: Value) -> DynamicObject {
     object(widget)
 }
 
-/// An emulator with the sample CRD installed through the kube client.
-async fn emulator_with_widgets() -> Emulator {
-    let emulator = Emulator::start().await.expect("the emulator starts");
-    crds(&emulator)
+/// A cluster with the sample CRD installed through the kube client, once its kind is served.
+async fn cluster_with_widgets() -> TestCluster {
+    let cluster = TestCluster::start().await.expect("the cluster starts");
+    crds(&cluster)
         .create(&PostParams::default(), &object(samples::widget_crd()))
         .await
         .expect("the CRD is created");
-    emulator
+    samples::until_served(&widgets(&cluster))
+        .await
+        .expect("the widgets are served");
+    cluster
 }
 
-/// A field of a Widget as the emulator holds it now (`Value::Null` if absent, or the Widget is gone).
+/// A field of a Widget as the cluster holds it now (`Value::Null` if absent, or the Widget is gone).
 async fn field(api: &Api<DynamicObject>, name: &str, pointer: &str) -> Value {
     let widget = api.get_opt(name).await.expect("the Widget is read");
     widget
@@ -84,19 +84,19 @@ fn item_names(list: &Value) -> Vec<String> {
 
 // ---- kubectl -------------------------------------------------------------------------------------
 
-/// kubectl pointed at one emulator, from a fresh `HOME` (so its discovery cache starts empty).
+/// kubectl pointed at one cluster, from a fresh `HOME` (so its discovery cache starts empty).
 struct Kubectl {
     program: String,
     dir: Workdir,
 }
 
 impl Kubectl {
-    /// kubectl and an emulator for `test`, or `None` when kubectl is missing and the test is skipped.
-    async fn start(test: &str) -> Option<(Kubectl, Emulator)> {
+    /// kubectl and a cluster for `test`, or `None` when kubectl is missing and the test is skipped.
+    async fn start(test: &str) -> Option<(Kubectl, TestCluster)> {
         let program = common::kubectl(test).await?;
-        let emulator = Emulator::start().await.expect("the emulator starts");
-        let dir = Workdir::new(test, &emulator);
-        Some((Kubectl { program, dir }, emulator))
+        let cluster = TestCluster::start().await.expect("the cluster starts");
+        let dir = Workdir::new(test, &cluster);
+        Some((Kubectl { program, dir }, cluster))
     }
 
     fn command(&self, args: &[&str]) -> tokio::process::Command {
@@ -151,14 +151,14 @@ impl Kubectl {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kubectl_apply_registers_a_crd_that_becomes_established() {
-    let Some((kubectl, emulator)) =
+    let Some((kubectl, cluster)) =
         Kubectl::start("kubectl_apply_registers_a_crd_that_becomes_established").await
     else {
         return;
     };
     kubectl.install_crd().await;
 
-    let crd = crds(&emulator)
+    let crd = crds(&cluster)
         .get("widgets.example.com")
         .await
         .expect("the CRD is stored");
@@ -191,7 +191,7 @@ async fn kubectl_apply_registers_a_crd_that_becomes_established() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kubectl_applies_a_custom_resource_and_gets_it_by_name() {
-    let Some((kubectl, emulator)) =
+    let Some((kubectl, cluster)) =
         Kubectl::start("kubectl_applies_a_custom_resource_and_gets_it_by_name").await
     else {
         return;
@@ -203,7 +203,7 @@ async fn kubectl_applies_a_custom_resource_and_gets_it_by_name() {
         "{applied}"
     );
 
-    let stored = widgets(&emulator)
+    let stored = widgets(&cluster)
         .get("gadget")
         .await
         .expect("the Widget is stored");
@@ -219,7 +219,7 @@ async fn kubectl_applies_a_custom_resource_and_gets_it_by_name() {
         "{last_applied}"
     );
 
-    // By name, as JSON: the very object the emulator holds.
+    // By name, as JSON: the very object the cluster holds.
     let got = parse_json(
         &kubectl.ok(&["get", "widget", "gadget", "-o", "json"]).await,
         "kubectl get -o json",
@@ -270,14 +270,14 @@ async fn kubectl_applies_a_custom_resource_and_gets_it_by_name() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kubectl_lists_custom_resources_by_label_selector() {
-    let Some((kubectl, emulator)) =
+    let Some((kubectl, cluster)) =
         Kubectl::start("kubectl_lists_custom_resources_by_label_selector").await
     else {
         return;
     };
     kubectl.install_crd().await;
     kubectl.apply_widget().await;
-    widgets(&emulator)
+    widgets(&cluster)
         .create(
             &PostParams::default(),
             &widget("sprocket", 1, json!({"app": "other"})),
@@ -327,14 +327,14 @@ async fn kubectl_lists_custom_resources_by_label_selector() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kubectl_patches_custom_resources_with_merge_and_json_patches() {
-    let Some((kubectl, emulator)) =
+    let Some((kubectl, cluster)) =
         Kubectl::start("kubectl_patches_custom_resources_with_merge_and_json_patches").await
     else {
         return;
     };
     kubectl.install_crd().await;
     kubectl.apply_widget().await;
-    let api = widgets(&emulator);
+    let api = widgets(&cluster);
 
     // A merge patch changes one field and keeps the rest; a spec change bumps the generation.
     let patched = kubectl
@@ -441,14 +441,14 @@ async fn kubectl_patches_custom_resources_with_merge_and_json_patches() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kubectl_get_watch_streams_changes_as_they_happen() {
-    let Some((kubectl, emulator)) =
+    let Some((kubectl, cluster)) =
         Kubectl::start("kubectl_get_watch_streams_changes_as_they_happen").await
     else {
         return;
     };
     kubectl.install_crd().await;
     kubectl.apply_widget().await;
-    let api = widgets(&emulator);
+    let api = widgets(&cluster);
 
     // Two watchers: JSON events for the kind, and a table for the one object (a field selector).
     let mut events = Background::spawn(
@@ -571,14 +571,13 @@ async fn kubectl_get_watch_streams_changes_as_they_happen() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kubectl_delete_removes_a_custom_resource() {
-    let Some((kubectl, emulator)) =
-        Kubectl::start("kubectl_delete_removes_a_custom_resource").await
+    let Some((kubectl, cluster)) = Kubectl::start("kubectl_delete_removes_a_custom_resource").await
     else {
         return;
     };
     kubectl.install_crd().await;
     kubectl.apply_widget().await;
-    let api = widgets(&emulator);
+    let api = widgets(&cluster);
 
     let deleted = kubectl.ok(&["delete", "widget", "gadget"]).await;
     assert!(
@@ -659,10 +658,10 @@ async fn python_client_lists_and_watches_custom_objects_and_configmaps() {
     let Some(python) = common::python(TEST, &["kubernetes"]).await else {
         return;
     };
-    let emulator = emulator_with_widgets().await;
-    let dir = Workdir::new(TEST, &emulator);
-    let api = widgets(&emulator);
-    let cms = configmaps(&emulator);
+    let cluster = cluster_with_widgets().await;
+    let dir = Workdir::new(TEST, &cluster);
+    let api = widgets(&cluster);
+    let cms = configmaps(&cluster);
     let post = PostParams::default();
     let configmap = |name: &str, app: &str| -> ConfigMap {
         object(json!({"metadata": {"name": name, "labels": {"app": app}}, "data": {"a": "1"}}))
@@ -833,9 +832,9 @@ async fn kopf_operator_handles_create_update_and_delete() {
     let Some(python) = common::python(TEST, &["kopf", "kubernetes"]).await else {
         return;
     };
-    let emulator = emulator_with_widgets().await;
-    let dir = Workdir::new(TEST, &emulator);
-    let api = widgets(&emulator);
+    let cluster = cluster_with_widgets().await;
+    let dir = Workdir::new(TEST, &cluster);
+    let api = widgets(&cluster);
 
     let operator = test_file("python/kopf_operator.py");
     let mut command = dir.command(&python);
@@ -878,7 +877,7 @@ async fn kopf_operator_handles_create_update_and_delete() {
     );
 
     // The Event it posted about the Widget.
-    let events: Api<Event> = Api::namespaced(emulator.client(), "default");
+    let events: Api<Event> = Api::namespaced(cluster.client(), "default");
     eventually("Kopf's Event about the Widget", REACT, || {
         let (events, kopf) = (&events, &kopf);
         async move {
@@ -934,7 +933,7 @@ async fn kopf_operator_handles_create_update_and_delete() {
         }
     })
     .await;
-    let marker = configmaps(&emulator)
+    let marker = configmaps(&cluster)
         .get_opt("kopf-widget-deleted")
         .await
         .unwrap()

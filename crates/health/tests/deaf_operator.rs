@@ -1,4 +1,4 @@
-//! The health server against a real watch stream on the emulator, over real HTTP: readiness waits
+//! The health server against a real watch stream on the cluster, over real HTTP: readiness waits
 //! for the listing, and a stream whose API keeps failing makes `/healthz` fail with the stream's
 //! last error (the "deaf" operator), until the API answers again.
 
@@ -6,11 +6,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kactor_emulator::{samples, Emulator, Failure};
+use kactor_emulator::{samples, Failure};
 use kactor_health::{HealthServer, HealthState, Metrics};
 use kactor_reactor::observe::WatchBoard;
 use kactor_reactor::settings::{Networking, Settings, Watching};
 use kactor_reactor::watching::Watcher;
+use kactor_testenv::TestCluster;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Status and body of a GET.
@@ -41,68 +42,74 @@ async fn until(addr: SocketAddr, target: &str, wanted: u16) -> String {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stream_whose_api_keeps_failing_fails_liveness_until_the_api_answers() {
-    let emulator = Emulator::start().await.unwrap();
-    let mut config = emulator.config();
-    config.default_retry = false;
-    let client = kube::Client::try_from(config).unwrap();
-    let api = samples::install_widgets(&client).await.unwrap();
+/// Tests that inject faults, which only the emulator can: `scripts/test` skips them on the real
+/// API server (`--skip emulator_only`).
+mod emulator_only {
+    use super::*;
 
-    let mut settings = Settings::default();
-    settings.health.silent_watch_timeout = Duration::from_millis(300);
-    settings.watching.inactivity_timeout = Duration::from_millis(100);
-    let board = WatchBoard::new();
-    let state = HealthState::new(&settings, board.clone(), tokio::runtime::Handle::current());
-    let metrics = Arc::new(Metrics::new().unwrap());
-    let server = HealthServer::start(
-        "127.0.0.1:0".parse().unwrap(),
-        "/healthz",
-        state.clone(),
-        metrics,
-    )
-    .unwrap();
-    let addr = server.local_addr();
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stream_whose_api_keeps_failing_fails_liveness_until_the_api_answers() {
+        let cluster = TestCluster::start().await.unwrap();
+        let mut config = cluster.config();
+        config.default_retry = false;
+        let client = kube::Client::try_from(config).unwrap();
+        let api = samples::install_widgets(&client).await.unwrap();
 
-    let watching = Watching {
-        reconnect_backoff: Duration::from_millis(10),
-        ..Default::default()
-    };
-    let networking = Networking {
-        error_backoffs: vec![Duration::from_millis(10); 3],
-    };
-    let mut watcher = Watcher::new(api, "widgets", watching, networking);
-    let _entry = board.register("widgets.v1.example.com in default", watcher.status());
-    let (status, body) = get(addr, "/readyz").await;
-    assert_eq!(status, 500);
-    assert!(body.contains("[-]startup failed"), "{body}");
-    let watch = tokio::spawn(async move { while watcher.next_batch().await.is_ok() {} });
-    state.startup_done();
-    assert_eq!(until(addr, "/readyz", 200).await, "ok");
-    assert_eq!(get(addr, "/healthz").await, (200, "{}".to_string()));
+        let mut settings = Settings::default();
+        settings.health.silent_watch_timeout = Duration::from_millis(300);
+        settings.watching.inactivity_timeout = Duration::from_millis(100);
+        let board = WatchBoard::new();
+        let state = HealthState::new(&settings, board.clone(), tokio::runtime::Handle::current());
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let server = HealthServer::start(
+            "127.0.0.1:0".parse().unwrap(),
+            "/healthz",
+            state.clone(),
+            metrics,
+        )
+        .unwrap();
+        let addr = server.local_addr();
 
-    emulator
-        .faults()
-        .fail(Failure::new(503).verb("watch").times(1_000_000));
-    emulator.faults().end_watches();
-    let failure = until(addr, "/healthz/watches", 500).await;
-    assert!(
-        failure.starts_with(
-            "[-]watches failed: widgets.v1.example.com in default: no event, bookmark or answer for "
-        ),
-        "{failure}"
-    );
-    assert!(
-        failure.contains(" s (limit 0.3 s); last error: "),
-        "{failure}"
-    );
-    assert!(failure.contains("503"), "{failure}");
-    let (status, body) = get(addr, "/healthz").await;
-    assert_eq!(status, 500);
-    assert!(body.ends_with("healthz check failed\n"), "{body}");
+        let watching = Watching {
+            reconnect_backoff: Duration::from_millis(10),
+            ..Default::default()
+        };
+        let networking = Networking {
+            error_backoffs: vec![Duration::from_millis(10); 3],
+        };
+        let mut watcher = Watcher::new(api, "widgets", watching, networking);
+        let _entry = board.register("widgets.v1.example.com in default", watcher.status());
+        let (status, body) = get(addr, "/readyz").await;
+        assert_eq!(status, 500);
+        assert!(body.contains("[-]startup failed"), "{body}");
+        let watch = tokio::spawn(async move { while watcher.next_batch().await.is_ok() {} });
+        state.startup_done();
+        assert_eq!(until(addr, "/readyz", 200).await, "ok");
+        assert_eq!(get(addr, "/healthz").await, (200, "{}".to_string()));
 
-    emulator.faults().reset();
-    assert_eq!(until(addr, "/healthz", 200).await, "{}");
-    watch.abort();
-    server.stop();
+        cluster
+            .faults()
+            .fail(Failure::new(503).verb("watch").times(1_000_000));
+        cluster.faults().end_watches();
+        let failure = until(addr, "/healthz/watches", 500).await;
+        assert!(
+            failure.starts_with(
+                "[-]watches failed: widgets.v1.example.com in default: no event, bookmark or answer for "
+            ),
+            "{failure}"
+        );
+        assert!(
+            failure.contains(" s (limit 0.3 s); last error: "),
+            "{failure}"
+        );
+        assert!(failure.contains("503"), "{failure}");
+        let (status, body) = get(addr, "/healthz").await;
+        assert_eq!(status, 500);
+        assert!(body.ends_with("healthz check failed\n"), "{body}");
+
+        cluster.faults().reset();
+        assert_eq!(until(addr, "/healthz", 200).await, "{}");
+        watch.abort();
+        server.stop();
+    }
 }

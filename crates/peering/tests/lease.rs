@@ -1,4 +1,4 @@
-//! Lease-based leader election against the emulator over real HTTP, with the real `kube::Client`:
+//! Lease-based leader election against the cluster over real HTTP, with the real `kube::Client`:
 //! never two leaders at a sampled moment (also while lease writes fail, conflict and lag), takeover after
 //! a crash and after a release, and a leader that pauses itself when it cannot renew.
 //!
@@ -11,9 +11,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kactor_emulator::{Emulator, Failure, Matcher};
+use kactor_emulator::{Failure, Matcher};
 use kactor_peering::lease::{LeaderElector, LeaseError, LeaseSettings, PAUSE_TOGGLE};
 use kactor_reactor::pausing::PauseSwitch;
+use kactor_testenv::TestCluster;
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -35,18 +36,18 @@ fn quick(identity: &str) -> LeaseSettings {
 }
 
 /// A client of its own for each candidate, without kube's own retries, so injected faults reach us.
-fn client(emulator: &Emulator) -> kube::Client {
-    let mut config = emulator.config();
+fn client(cluster: &TestCluster) -> kube::Client {
+    let mut config = cluster.config();
     config.default_retry = false;
     kube::Client::try_from(config).unwrap()
 }
 
-fn leases(emulator: &Emulator) -> Api<Lease> {
-    Api::namespaced(client(emulator), NAMESPACE)
+fn leases(cluster: &TestCluster) -> Api<Lease> {
+    Api::namespaced(client(cluster), NAMESPACE)
 }
 
-async fn lease(emulator: &Emulator) -> Lease {
-    leases(emulator).get(NAME).await.unwrap()
+async fn lease(cluster: &TestCluster) -> Lease {
+    leases(cluster).get(NAME).await.unwrap()
 }
 
 fn holder(lease: &Lease) -> Option<String> {
@@ -83,10 +84,10 @@ struct Candidate {
 }
 
 impl Candidate {
-    fn start(emulator: &Emulator, settings: LeaseSettings) -> Candidate {
+    fn start(cluster: &TestCluster, settings: LeaseSettings) -> Candidate {
         let identity = settings.identity.clone();
         let switch = PauseSwitch::new();
-        let elector = LeaderElector::new(client(emulator), settings, switch.clone());
+        let elector = LeaderElector::new(client(cluster), settings, switch.clone());
         let leader = elector.is_leader();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(elector.run(async move {
@@ -243,9 +244,9 @@ impl Sampler {
 
 #[tokio::test]
 async fn a_single_candidate_becomes_the_leader_and_resumes_the_operator() {
-    let emulator = Emulator::start().await.unwrap();
+    let cluster = TestCluster::start().await.unwrap();
     let switch = PauseSwitch::new();
-    let elector = LeaderElector::new(client(&emulator), quick("solo"), switch.clone());
+    let elector = LeaderElector::new(client(&cluster), quick("solo"), switch.clone());
     assert!(
         switch.reasons().contains_key(PAUSE_TOGGLE),
         "the operator is paused before the first acquisition"
@@ -263,7 +264,7 @@ async fn a_single_candidate_becomes_the_leader_and_resumes_the_operator() {
     assert!(!switch.is_paused(), "the leader's operator works");
 
     let raw = Api::<DynamicObject>::namespaced_with(
-        client(&emulator),
+        client(&cluster),
         NAMESPACE,
         &ApiResource::erase::<Lease>(&()),
     );
@@ -312,12 +313,12 @@ async fn a_single_candidate_becomes_the_leader_and_resumes_the_operator() {
 
 #[tokio::test]
 async fn a_candidate_stays_paused_while_another_holds_a_live_lease() {
-    let emulator = Emulator::start().await.unwrap();
+    let cluster = TestCluster::start().await.unwrap();
     let watched = Watched::default();
-    let a = Candidate::start(&emulator, quick("a"));
+    let a = Candidate::start(&cluster, quick("a"));
     watched.add(&a);
     wait_until("a leads", || a.active()).await;
-    let b = Candidate::start(&emulator, quick("b"));
+    let b = Candidate::start(&cluster, quick("b"));
     watched.add(&b);
     wait_until("b knows who holds the lease", || {
         b.reason().contains("is held by a")
@@ -334,7 +335,7 @@ async fn a_candidate_stays_paused_while_another_holds_a_live_lease() {
     let samples = sampler.finish().await;
     assert_eq!(samples.leaders, BTreeSet::from(["a".to_string()]));
     assert!(b.switch.is_paused() && !*b.leader.borrow());
-    assert_eq!(holder(&lease(&emulator).await).as_deref(), Some("a"));
+    assert_eq!(holder(&lease(&cluster).await).as_deref(), Some("a"));
 
     b.stop().await.unwrap();
     a.stop().await.unwrap();
@@ -342,11 +343,11 @@ async fn a_candidate_stays_paused_while_another_holds_a_live_lease() {
 
 #[tokio::test]
 async fn of_two_candidates_exactly_one_leads_at_every_sampled_moment() {
-    let emulator = Emulator::start().await.unwrap();
+    let cluster = TestCluster::start().await.unwrap();
     let watched = Watched::default();
     let candidates = vec![
-        Candidate::start(&emulator, quick("a")),
-        Candidate::start(&emulator, quick("b")),
+        Candidate::start(&cluster, quick("a")),
+        Candidate::start(&cluster, quick("b")),
     ];
     candidates.iter().for_each(|c| watched.add(c));
     leader_of(&candidates).await;
@@ -367,54 +368,13 @@ async fn of_two_candidates_exactly_one_leads_at_every_sampled_moment() {
 }
 
 #[tokio::test]
-async fn of_three_candidates_at_most_one_leads_while_lease_writes_fail_conflict_and_lag() {
-    let emulator = Emulator::start().await.unwrap();
-    emulator
-        .faults()
-        .add_latency(Matcher::any().resource("leases"), ms(20));
-    let watched = Watched::default();
-    let sampler = Sampler::start(&watched).await;
-    let candidates = vec![
-        Candidate::start(&emulator, quick("a")),
-        Candidate::start(&emulator, quick("b")),
-        Candidate::start(&emulator, quick("c")),
-    ];
-    candidates.iter().for_each(|c| watched.add(c));
-
-    // Bursts of failures on lease writes (and a read now and then), enough to make leaders lose
-    // their lease and others take it over.
-    for round in 0..25 {
-        let faults = emulator.faults();
-        faults.fail(Failure::new(500).verb("update").resource("leases").times(2));
-        faults.fail(Failure::new(409).verb("update").resource("leases").times(2));
-        if round % 3 == 0 {
-            faults.fail(Failure::new(500).verb("get").resource("leases"));
-        }
-        if round % 5 == 0 {
-            faults.fail(Failure::new(409).verb("create").resource("leases"));
-        }
-        tokio::time::sleep(ms(150)).await;
-    }
-    emulator.faults().reset();
-    let leader = leader_of(&candidates).await.identity.clone();
-    tokio::time::sleep(ms(500)).await;
-
-    let samples = sampler.finish().await;
-    assert!(samples.taken > 50, "{samples:?}");
-    assert!(samples.leaders.contains(&leader), "{samples:?}");
-    for candidate in candidates {
-        candidate.stop().await.unwrap();
-    }
-}
-
-#[tokio::test]
 async fn leadership_moves_on_but_never_to_two_at_once_as_leaders_stop_or_crash() {
-    let emulator = Emulator::start().await.unwrap();
+    let cluster = TestCluster::start().await.unwrap();
     let watched = Watched::default();
     let sampler = Sampler::start(&watched).await;
     let mut candidates = Vec::new();
     for identity in ["c0", "c1", "c2"] {
-        let candidate = Candidate::start(&emulator, quick(identity));
+        let candidate = Candidate::start(&cluster, quick(identity));
         watched.add(&candidate);
         candidates.push(candidate);
     }
@@ -433,7 +393,7 @@ async fn leadership_moves_on_but_never_to_two_at_once_as_leaders_stop_or_crash()
         } else {
             leader.crash().await;
         }
-        let newcomer = Candidate::start(&emulator, quick(&format!("c{}", round + 3)));
+        let newcomer = Candidate::start(&cluster, quick(&format!("c{}", round + 3)));
         watched.add(&newcomer);
         candidates.push(newcomer);
     }
@@ -454,12 +414,12 @@ async fn leadership_moves_on_but_never_to_two_at_once_as_leaders_stop_or_crash()
 
 #[tokio::test]
 async fn a_crashed_leader_is_replaced_once_its_lease_expires_and_not_before() {
-    let emulator = Emulator::start().await.unwrap();
+    let cluster = TestCluster::start().await.unwrap();
     let watched = Watched::default();
-    let a = Candidate::start(&emulator, quick("a"));
+    let a = Candidate::start(&cluster, quick("a"));
     watched.add(&a);
     wait_until("a leads", || a.active()).await;
-    let b = Candidate::start(&emulator, quick("b"));
+    let b = Candidate::start(&cluster, quick("b"));
     watched.add(&b);
     wait_until("b sees a's lease", || b.reason().contains("is held by a")).await;
     let sampler = Sampler::start(&watched).await;
@@ -470,7 +430,7 @@ async fn a_crashed_leader_is_replaced_once_its_lease_expires_and_not_before() {
         a_switch.is_paused(),
         "a dropped elector leaves its operator paused"
     );
-    let last_renewal = lease(&emulator).await;
+    let last_renewal = lease(&cluster).await;
     assert_eq!(
         holder(&last_renewal).as_deref(),
         Some("a"),
@@ -478,7 +438,7 @@ async fn a_crashed_leader_is_replaced_once_its_lease_expires_and_not_before() {
     );
 
     wait_until("b takes over", || b.active()).await;
-    let taken = lease(&emulator).await;
+    let taken = lease(&cluster).await;
     assert_eq!(holder(&taken).as_deref(), Some("b"));
     assert_eq!(transitions(&taken), Some(1));
     let renewed_by_a = last_renewal.spec.and_then(|s| s.renew_time).unwrap().0;
@@ -499,8 +459,8 @@ async fn a_crashed_leader_is_replaced_once_its_lease_expires_and_not_before() {
 
 #[tokio::test]
 async fn a_stopped_leader_leaves_the_lease_free_and_its_operator_paused() {
-    let emulator = Emulator::start().await.unwrap();
-    let a = Candidate::start(&emulator, quick("a"));
+    let cluster = TestCluster::start().await.unwrap();
+    let a = Candidate::start(&cluster, quick("a"));
     wait_until("a leads", || a.active()).await;
     let switch = a.switch.clone();
     let is_leader = a.leader.clone();
@@ -512,7 +472,7 @@ async fn a_stopped_leader_leaves_the_lease_free_and_its_operator_paused() {
         "{:?}",
         switch.reasons()
     );
-    let released = lease(&emulator).await;
+    let released = lease(&cluster).await;
     assert_eq!(holder(&released), None);
     let spec = released.spec.unwrap();
     assert_eq!(spec.lease_duration_seconds, Some(1));
@@ -525,7 +485,7 @@ async fn a_stopped_leader_leaves_the_lease_free_and_its_operator_paused() {
 
 #[tokio::test]
 async fn a_stopped_leader_releases_the_lease_so_another_takes_over_before_it_would_expire() {
-    let emulator = Emulator::start().await.unwrap();
+    let cluster = TestCluster::start().await.unwrap();
     // A 10 s lease: without the release, b could not lead for 10 s.
     let slow = |identity: &str| {
         LeaseSettings::new(NAME, NAMESPACE, identity)
@@ -533,19 +493,19 @@ async fn a_stopped_leader_releases_the_lease_so_another_takes_over_before_it_wou
             .unwrap()
     };
     let watched = Watched::default();
-    let a = Candidate::start(&emulator, slow("a"));
+    let a = Candidate::start(&cluster, slow("a"));
     watched.add(&a);
     wait_until("a leads", || a.active()).await;
-    let b = Candidate::start(&emulator, slow("b"));
+    let b = Candidate::start(&cluster, slow("b"));
     watched.add(&b);
     wait_until("b sees a's lease", || b.reason().contains("is held by a")).await;
     let sampler = Sampler::start(&watched).await;
 
-    let last_renewal = lease(&emulator).await;
+    let last_renewal = lease(&cluster).await;
     a.stop().await.unwrap();
     wait_until("b takes over", || b.active()).await;
 
-    let taken = lease(&emulator).await;
+    let taken = lease(&cluster).await;
     assert_eq!(holder(&taken).as_deref(), Some("b"));
     assert_eq!(transitions(&taken), Some(1));
     let renewed_by_a = last_renewal.spec.and_then(|s| s.renew_time).unwrap().0;
@@ -563,75 +523,16 @@ async fn a_stopped_leader_releases_the_lease_so_another_takes_over_before_it_wou
 }
 
 #[tokio::test]
-async fn a_leader_whose_renewals_fail_pauses_itself_before_the_lease_expires() {
-    let emulator = Emulator::start().await.unwrap();
-    // Lease 2 s, renew deadline 1 s: the leader must pause in the second between.
-    let settings = LeaseSettings::new(NAME, NAMESPACE, "a")
-        .with_timings(Duration::from_secs(2), Duration::from_secs(1), ms(100))
-        .unwrap();
-    let a = Candidate::start(&emulator, settings);
-    wait_until("a leads", || a.active()).await;
-
-    emulator.faults().fail(
-        Failure::new(500)
-            .verb("update")
-            .resource("leases")
-            .times(u32::MAX),
-    );
-    let mut reasons = a.switch.subscribe();
-    tokio::time::timeout(WAIT, reasons.wait_for(|r| r.contains_key(PAUSE_TOGGLE)))
-        .await
-        .expect("a pauses in time")
-        .unwrap();
-    let paused_at = jiff::Timestamp::now();
-    assert!(!*a.leader.borrow());
-    assert!(a.reason().contains("lost lease"), "{}", a.reason());
-
-    let lease = lease(&emulator).await;
-    assert_eq!(holder(&lease).as_deref(), Some("a"));
-    let renewed = lease.spec.and_then(|s| s.renew_time).unwrap().0;
-    assert!(
-        paused_at < renewed + Duration::from_secs(2),
-        "a paused ({paused_at}) before its lease could expire for others ({renewed} + 2 s)"
-    );
-
-    emulator.faults().reset();
-    a.stop().await.unwrap();
-}
-
-#[tokio::test]
-async fn a_leader_that_lost_its_lease_to_failures_takes_it_back_when_the_api_recovers() {
-    let emulator = Emulator::start().await.unwrap();
-    let a = Candidate::start(&emulator, quick("a"));
-    wait_until("a leads", || a.active()).await;
-
-    emulator.faults().fail(
-        Failure::new(500)
-            .verb("update")
-            .resource("leases")
-            .times(u32::MAX),
-    );
-    wait_until("a pauses", || !a.active()).await;
-    emulator.faults().reset();
-    wait_until("a leads again", || a.active()).await;
-
-    let lease = lease(&emulator).await;
-    assert_eq!(holder(&lease).as_deref(), Some("a"));
-    assert_eq!(transitions(&lease), Some(0), "the holder never changed");
-    a.stop().await.unwrap();
-}
-
-#[tokio::test]
 async fn a_leader_whose_lease_is_taken_over_pauses_at_its_next_renewal() {
-    let emulator = Emulator::start().await.unwrap();
+    let cluster = TestCluster::start().await.unwrap();
     // A long renew deadline: only seeing another holder can make it pause in this test.
     let settings = LeaseSettings::new(NAME, NAMESPACE, "a")
         .with_timings(Duration::from_secs(30), Duration::from_secs(20), ms(100))
         .unwrap();
-    let a = Candidate::start(&emulator, settings);
+    let a = Candidate::start(&cluster, settings);
     wait_until("a leads", || a.active()).await;
 
-    let api = leases(&emulator);
+    let api = leases(&cluster);
     loop {
         let mut current = api.get(NAME).await.unwrap();
         if let Some(spec) = current.spec.as_mut() {
@@ -649,10 +550,10 @@ async fn a_leader_whose_lease_is_taken_over_pauses_at_its_next_renewal() {
         a.reason(),
         "not the leader: lease kube-system/my-op is held by intruder"
     );
-    assert_eq!(holder(&lease(&emulator).await).as_deref(), Some("intruder"));
+    assert_eq!(holder(&lease(&cluster).await).as_deref(), Some("intruder"));
     a.stop().await.unwrap();
     assert_eq!(
-        holder(&lease(&emulator).await).as_deref(),
+        holder(&lease(&cluster).await).as_deref(),
         Some("intruder"),
         "a stopping candidate releases only its own lease"
     );
@@ -660,11 +561,11 @@ async fn a_leader_whose_lease_is_taken_over_pauses_at_its_next_renewal() {
 
 #[tokio::test]
 async fn invalid_timings_are_refused_and_the_operator_stays_paused() {
-    let emulator = Emulator::start().await.unwrap();
+    let cluster = TestCluster::start().await.unwrap();
     let mut settings = LeaseSettings::new(NAME, NAMESPACE, "a");
     settings.renew_deadline = settings.lease_duration;
     let switch = PauseSwitch::new();
-    let elector = LeaderElector::new(client(&emulator), settings, switch.clone());
+    let elector = LeaderElector::new(client(&cluster), settings, switch.clone());
     let error = elector.run(std::future::pending()).await.unwrap_err();
     assert!(matches!(error, LeaseError::RenewDeadline { .. }), "{error}");
     assert!(
@@ -674,5 +575,111 @@ async fn invalid_timings_are_refused_and_the_operator_stays_paused() {
         "{error}"
     );
     assert!(switch.is_paused());
-    assert!(leases(&emulator).get_opt(NAME).await.unwrap().is_none());
+    assert!(leases(&cluster).get_opt(NAME).await.unwrap().is_none());
+}
+
+/// Tests that inject faults, which only the emulator can: `scripts/test` skips them on the real
+/// API server (`--skip emulator_only`).
+mod emulator_only {
+    use super::*;
+
+    #[tokio::test]
+    async fn of_three_candidates_at_most_one_leads_while_lease_writes_fail_conflict_and_lag() {
+        let cluster = TestCluster::start().await.unwrap();
+        cluster
+            .faults()
+            .add_latency(Matcher::any().resource("leases"), ms(20));
+        let watched = Watched::default();
+        let sampler = Sampler::start(&watched).await;
+        let candidates = vec![
+            Candidate::start(&cluster, quick("a")),
+            Candidate::start(&cluster, quick("b")),
+            Candidate::start(&cluster, quick("c")),
+        ];
+        candidates.iter().for_each(|c| watched.add(c));
+
+        // Bursts of failures on lease writes (and a read now and then), enough to make leaders lose
+        // their lease and others take it over.
+        for round in 0..25 {
+            let faults = cluster.faults();
+            faults.fail(Failure::new(500).verb("update").resource("leases").times(2));
+            faults.fail(Failure::new(409).verb("update").resource("leases").times(2));
+            if round % 3 == 0 {
+                faults.fail(Failure::new(500).verb("get").resource("leases"));
+            }
+            if round % 5 == 0 {
+                faults.fail(Failure::new(409).verb("create").resource("leases"));
+            }
+            tokio::time::sleep(ms(150)).await;
+        }
+        cluster.faults().reset();
+        let leader = leader_of(&candidates).await.identity.clone();
+        tokio::time::sleep(ms(500)).await;
+
+        let samples = sampler.finish().await;
+        assert!(samples.taken > 50, "{samples:?}");
+        assert!(samples.leaders.contains(&leader), "{samples:?}");
+        for candidate in candidates {
+            candidate.stop().await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_leader_whose_renewals_fail_pauses_itself_before_the_lease_expires() {
+        let cluster = TestCluster::start().await.unwrap();
+        // Lease 2 s, renew deadline 1 s: the leader must pause in the second between.
+        let settings = LeaseSettings::new(NAME, NAMESPACE, "a")
+            .with_timings(Duration::from_secs(2), Duration::from_secs(1), ms(100))
+            .unwrap();
+        let a = Candidate::start(&cluster, settings);
+        wait_until("a leads", || a.active()).await;
+
+        cluster.faults().fail(
+            Failure::new(500)
+                .verb("update")
+                .resource("leases")
+                .times(u32::MAX),
+        );
+        let mut reasons = a.switch.subscribe();
+        tokio::time::timeout(WAIT, reasons.wait_for(|r| r.contains_key(PAUSE_TOGGLE)))
+            .await
+            .expect("a pauses in time")
+            .unwrap();
+        let paused_at = jiff::Timestamp::now();
+        assert!(!*a.leader.borrow());
+        assert!(a.reason().contains("lost lease"), "{}", a.reason());
+
+        let lease = lease(&cluster).await;
+        assert_eq!(holder(&lease).as_deref(), Some("a"));
+        let renewed = lease.spec.and_then(|s| s.renew_time).unwrap().0;
+        assert!(
+            paused_at < renewed + Duration::from_secs(2),
+            "a paused ({paused_at}) before its lease could expire for others ({renewed} + 2 s)"
+        );
+
+        cluster.faults().reset();
+        a.stop().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_leader_that_lost_its_lease_to_failures_takes_it_back_when_the_api_recovers() {
+        let cluster = TestCluster::start().await.unwrap();
+        let a = Candidate::start(&cluster, quick("a"));
+        wait_until("a leads", || a.active()).await;
+
+        cluster.faults().fail(
+            Failure::new(500)
+                .verb("update")
+                .resource("leases")
+                .times(u32::MAX),
+        );
+        wait_until("a pauses", || !a.active()).await;
+        cluster.faults().reset();
+        wait_until("a leads again", || a.active()).await;
+
+        let lease = lease(&cluster).await;
+        assert_eq!(holder(&lease).as_deref(), Some("a"));
+        assert_eq!(transitions(&lease), Some(0), "the holder never changed");
+        a.stop().await.unwrap();
+    }
 }

@@ -1,8 +1,8 @@
-//! Peering, end to end: operators' peering (`kactor_peering::peering::run`) against the emulator over
+//! Peering, end to end: operators' peering (`kactor_peering::peering::run`) against the cluster over
 //! real HTTP with the real `kube::Client`, one behaviour per test, and one interop test with a real
 //! Kopf operator in the same peering.
 //!
-//! Each test starts its own emulator. Lifetimes are short where expiry matters; every wait has a
+//! Each test starts its own cluster. Lifetimes are short where expiry matters; every wait has a
 //! deadline and asserts an outcome, never a speed.
 //!
 //! The Kopf test finds Python through `KACTOR_PYTHON` (default `python3`, which must import `kopf`);
@@ -14,11 +14,12 @@ use std::future::Future;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
-use kactor_emulator::{samples, Emulator};
+use kactor_emulator::samples;
 use kactor_peering::peering::{
     self, crds, freeze, peering_object, resume, PeeringMode, PeeringSettings, CRD_MISSING,
 };
 use kactor_reactor::pausing::PauseSwitch;
+use kactor_testenv::TestCluster;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{json, Value};
@@ -56,17 +57,24 @@ async fn install_crds(client: &kube::Client, group: &str) {
             crd["spec"]["group"] = json!(group);
             crd["metadata"]["name"] = json!(format!("{plural}.{group}"));
         }
+        let name = crd["metadata"]["name"].as_str().unwrap().to_string();
         api.create(&PostParams::default(), &object(crd))
             .await
             .expect("the peering CRD is created");
+        samples::until_established(client, &name)
+            .await
+            .expect("the peering CRD is established");
     }
 }
 
 async fn create_peering(client: &kube::Client, group: &str, namespace: Option<&str>) {
     let mut body = peering_object("default", namespace);
     body["apiVersion"] = json!(format!("{group}/v1"));
-    peerings(client, group, namespace)
-        .create(&PostParams::default(), &object(body))
+    let api = peerings(client, group, namespace);
+    samples::until_served(&api)
+        .await
+        .expect("the peering CRD is served");
+    api.create(&PostParams::default(), &object(body))
         .await
         .expect("the peering object is created");
 }
@@ -80,12 +88,12 @@ async fn create_namespace(client: &kube::Client, name: &str) {
         .expect("the namespace is created");
 }
 
-/// An emulator with Kopf's peering CRDs and the cluster-wide peering object `default`.
-async fn emulator_with_peering() -> Emulator {
-    let emulator = Emulator::start().await.expect("the emulator starts");
-    install_crds(&emulator.client(), "kopf.dev").await;
-    create_peering(&emulator.client(), "kopf.dev", None).await;
-    emulator
+/// A cluster with Kopf's peering CRDs and the cluster-wide peering object `default`.
+async fn cluster_with_peering() -> TestCluster {
+    let cluster = TestCluster::start().await.expect("the cluster starts");
+    install_crds(&cluster.client(), "kopf.dev").await;
+    create_peering(&cluster.client(), "kopf.dev", None).await;
+    cluster
 }
 
 /// Cluster-wide peering with this priority, lifetime and mode.
@@ -250,8 +258,8 @@ fn is_kopf_lastseen(text: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lower_priority_pauses_for_a_higher_one_and_resumes_when_it_stops() {
-    let emulator = emulator_with_peering().await;
-    let client = emulator.client();
+    let cluster = cluster_with_peering().await;
+    let client = cluster.client();
     let api = peerings(&client, "kopf.dev", None);
 
     let low = Operator::start(&client, settings(0, 60, PeeringMode::AutoDetect), "low");
@@ -281,8 +289,8 @@ async fn lower_priority_pauses_for_a_higher_one_and_resumes_when_it_stops() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn equal_priorities_pause_both_operators() {
-    let emulator = emulator_with_peering().await;
-    let client = emulator.client();
+    let cluster = cluster_with_peering().await;
+    let client = cluster.client();
 
     let one = Operator::start(&client, settings(5, 60, PeeringMode::AutoDetect), "one");
     let two = Operator::start(&client, settings(5, 60, PeeringMode::AutoDetect), "two");
@@ -298,8 +306,8 @@ async fn equal_priorities_pause_both_operators() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_peer_is_cleaned_up_and_does_not_pause() {
-    let emulator = emulator_with_peering().await;
-    let client = emulator.client();
+    let cluster = cluster_with_peering().await;
+    let client = cluster.client();
     let api = peerings(&client, "kopf.dev", None);
     write_record(
         &api,
@@ -318,8 +326,8 @@ async fn a_dead_peer_is_cleaned_up_and_does_not_pause() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocking_peer_that_expires_without_leaving_stops_blocking() {
-    let emulator = emulator_with_peering().await;
-    let client = emulator.client();
+    let cluster = cluster_with_peering().await;
+    let client = cluster.client();
     let api = peerings(&client, "kopf.dev", None);
     let operator = Operator::start(&client, settings(0, 60, PeeringMode::Mandatory), "survivor");
     operator.wait_unpaused().await;
@@ -338,8 +346,8 @@ async fn a_blocking_peer_that_expires_without_leaving_stops_blocking() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone_ignores_peers_and_writes_no_record() {
-    let emulator = emulator_with_peering().await;
-    let client = emulator.client();
+    let cluster = cluster_with_peering().await;
+    let client = cluster.client();
     let api = peerings(&client, "kopf.dev", None);
     write_record(
         &api,
@@ -364,8 +372,8 @@ async fn standalone_ignores_peers_and_writes_no_record() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mandatory_peering_stays_paused_without_the_crd_and_resumes_once_crd_and_object_exist() {
-    let emulator = Emulator::start().await.expect("the emulator starts");
-    let client = emulator.client();
+    let cluster = TestCluster::start().await.expect("the cluster starts");
+    let client = cluster.client();
     let operator = Operator::start(&client, settings(0, 3, PeeringMode::Mandatory), "strict");
 
     let reasons = operator.wait_paused("peering CRD is missing").await;
@@ -389,8 +397,8 @@ async fn mandatory_peering_stays_paused_without_the_crd_and_resumes_once_crd_and
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_detection_without_the_crd_runs_unpaused_and_peers_once_it_appears() {
-    let emulator = Emulator::start().await.expect("the emulator starts");
-    let client = emulator.client();
+    let cluster = TestCluster::start().await.expect("the cluster starts");
+    let client = cluster.client();
     let operator = Operator::start(&client, settings(0, 3, PeeringMode::AutoDetect), "relaxed");
 
     // Not peering: never paused, whatever the time it takes to find there is no CRD.
@@ -419,8 +427,8 @@ async fn auto_detection_without_the_crd_runs_unpaused_and_peers_once_it_appears(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn freeze_pauses_a_running_operator_and_resume_releases_it() {
-    let emulator = emulator_with_peering().await;
-    let client = emulator.client();
+    let cluster = cluster_with_peering().await;
+    let client = cluster.client();
     let api = peerings(&client, "kopf.dev", None);
     let operator = Operator::start(&client, settings(0, 3, PeeringMode::Mandatory), "worker");
     operator.wait_unpaused().await;
@@ -467,8 +475,8 @@ async fn freeze_pauses_a_running_operator_and_resume_releases_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespaced_peering_uses_a_kopfpeering_in_each_served_namespace() {
-    let emulator = Emulator::start().await.expect("the emulator starts");
-    let client = emulator.client();
+    let cluster = TestCluster::start().await.expect("the cluster starts");
+    let client = cluster.client();
     install_crds(&client, "kopf.dev").await;
     create_peering(&client, "kopf.dev", None).await;
     for namespace in ["ns1", "ns2"] {
@@ -528,8 +536,8 @@ async fn namespaced_peering_uses_a_kopfpeering_in_each_served_namespace() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn legacy_zalando_peering_is_used_when_only_it_is_served() {
-    let emulator = Emulator::start().await.expect("the emulator starts");
-    let client = emulator.client();
+    let cluster = TestCluster::start().await.expect("the cluster starts");
+    let client = cluster.client();
     install_crds(&client, "zalando.org").await;
     create_peering(&client, "zalando.org", None).await;
     let api = peerings(&client, "zalando.org", None);
@@ -551,8 +559,8 @@ async fn legacy_zalando_peering_is_used_when_only_it_is_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_keepalive_record_is_byte_compatible_with_kopfs() {
-    let emulator = emulator_with_peering().await;
-    let client = emulator.client();
+    let cluster = cluster_with_peering().await;
+    let client = cluster.client();
     let api = peerings(&client, "kopf.dev", None);
     let operator = Operator::start(
         &client,
@@ -661,14 +669,14 @@ mod kopf {
         None
     }
 
-    /// A scratch directory with the emulator's kubeconfig; removed when dropped.
+    /// A scratch directory with the cluster's kubeconfig; removed when dropped.
     pub struct Workdir {
         path: PathBuf,
         kubeconfig: PathBuf,
     }
 
     impl Workdir {
-        pub fn new(test: &str, emulator: &kactor_emulator::Emulator) -> Workdir {
+        pub fn new(test: &str, cluster: &kactor_testenv::TestCluster) -> Workdir {
             static COUNTER: AtomicUsize = AtomicUsize::new(0);
             let path = std::env::temp_dir().join(format!(
                 "kactor-peering-{test}-{}-{}",
@@ -678,13 +686,13 @@ mod kopf {
             let _ = std::fs::remove_dir_all(&path);
             std::fs::create_dir_all(&path).expect("the scratch directory is made");
             let kubeconfig = path.join("kubeconfig");
-            emulator
+            cluster
                 .write_kubeconfig(&kubeconfig)
                 .expect("the kubeconfig is written");
             Workdir { path, kubeconfig }
         }
 
-        /// `python -m kopf run ... <script>` pointed at the emulator, with `POD_ID` as its identity.
+        /// `python -m kopf run ... <script>` pointed at the cluster, with `POD_ID` as its identity.
         pub fn kopf(&self, python: &str, script: &Path, identity: &str, args: &[&str]) -> Command {
             let mut command = Command::new(python);
             command
@@ -824,10 +832,10 @@ async fn kopf_and_kactor_pause_in_favour_of_each_other() {
     let Some(python) = kopf::python(TEST).await else {
         return;
     };
-    let emulator = emulator_with_peering().await;
-    let client = emulator.client();
+    let cluster = cluster_with_peering().await;
+    let client = cluster.client();
     let api = peerings(&client, "kopf.dev", None);
-    let dir = kopf::Workdir::new(TEST, &emulator);
+    let dir = kopf::Workdir::new(TEST, &cluster);
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/kopf_peer.py");
 
     // Kopf at 100, kactor at 0: kactor pauses in Kopf's favour, and works again once Kopf exits.

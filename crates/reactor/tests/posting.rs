@@ -1,12 +1,13 @@
-//! Kubernetes Events posted against the emulator over real HTTP, with the real `kube::Client` and the
+//! Kubernetes Events posted against the cluster over real HTTP, with the real `kube::Client` and the
 //! emulator's fault injection.
 
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event, Namespace};
-use kactor_emulator::{samples, Emulator, Failure, Matcher};
+use kactor_emulator::{samples, Failure, Matcher};
 use kactor_reactor::posting::{EventPoster, ObjectRef, PostingSettings};
 use kactor_reactor::resources::Resource;
+use kactor_testenv::{Backend, TestCluster};
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::discovery::ApiResource;
 use serde_json::{json, Value};
@@ -14,16 +15,16 @@ use tokio::task::JoinHandle;
 
 const WAIT: Duration = Duration::from_secs(10);
 
-/// An emulator with the widget CRD and a client without kube's own retries.
-async fn setup() -> (Emulator, kube::Client) {
-    let emulator = Emulator::start().await.unwrap();
-    let client = client_of(&emulator, None);
+/// A cluster with the widget CRD and a client without kube's own retries.
+async fn setup() -> (TestCluster, kube::Client) {
+    let cluster = TestCluster::start().await.unwrap();
+    let client = client_of(&cluster, None);
     samples::install_widgets(&client).await.unwrap();
-    (emulator, client)
+    (cluster, client)
 }
 
-fn client_of(emulator: &Emulator, namespace: Option<&str>) -> kube::Client {
-    let mut config = emulator.config();
+fn client_of(cluster: &TestCluster, namespace: Option<&str>) -> kube::Client {
+    let mut config = cluster.config();
     config.default_retry = false;
     if let Some(namespace) = namespace {
         config.default_namespace = namespace.to_owned();
@@ -74,10 +75,12 @@ async fn create_namespace(client: &kube::Client, name: &str) {
         .unwrap();
 }
 
-/// Every core `v1` Event, as stored (raw JSON), oldest first.
+/// Every core `v1` Event that kactor posted (source `kopf`; a real cluster posts its own too), as
+/// stored (raw JSON), oldest first.
 async fn events(client: &kube::Client) -> Vec<Value> {
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::erase::<Event>(&()));
     let mut events = api.list(&Default::default()).await.unwrap().items;
+    events.retain(|event| event.data["source"]["component"] == "kopf");
     events.sort_by_key(|event| {
         event
             .metadata
@@ -107,8 +110,14 @@ fn reasons(events: &[Value]) -> Vec<&str> {
         .collect()
 }
 
-/// Asserts a timestamp is Python's `datetime.now(UTC).isoformat()`, as Kopf sends it.
-fn assert_kopf_timestamp(text: &str) {
+/// Asserts a timestamp is Python's `datetime.now(UTC).isoformat()`, as Kopf sends it and the emulator
+/// keeps it; a real API server keeps it in its own form (`...Z`, seconds or microseconds).
+fn assert_kopf_timestamp(backend: Backend, text: &str) {
+    if backend == Backend::ApiServer {
+        text.parse::<jiff::Timestamp>()
+            .unwrap_or_else(|e| panic!("{text}: {e}"));
+        return;
+    }
     let (seconds, fraction) = text
         .strip_suffix("+00:00")
         .unwrap_or_else(|| panic!("{text} ends with +00:00"))
@@ -123,7 +132,7 @@ fn assert_kopf_timestamp(text: &str) {
 
 #[tokio::test]
 async fn posts_info_warn_and_exception_about_a_namespaced_widget() {
-    let (_emulator, client) = setup().await;
+    let (cluster, client) = setup().await;
     let widget = create_widget(&client, "w1").await;
     let uid = widget.metadata.uid.clone().unwrap();
     let object = ObjectRef::of(&widget, &widgets());
@@ -164,15 +173,25 @@ async fn posts_info_warn_and_exception_about_a_namespaced_widget() {
         let name = event["metadata"]["name"].as_str().unwrap();
         assert!(name.starts_with("kopf-event-"), "{name}");
         for field in ["firstTimestamp", "lastTimestamp", "eventTime"] {
-            assert_kopf_timestamp(event[field].as_str().unwrap());
+            assert_kopf_timestamp(cluster.backend(), event[field].as_str().unwrap());
         }
-        assert_eq!(event["firstTimestamp"], event["eventTime"]);
+        // The same moment (a real server keeps the first in seconds, the event time in microseconds).
+        let moment = |field: &str| {
+            let time: jiff::Timestamp = event[field]
+                .as_str()
+                .unwrap()
+                .replace("+00:00", "Z")
+                .parse()
+                .unwrap();
+            time.as_second()
+        };
+        assert_eq!(moment("firstTimestamp"), moment("eventTime"));
     }
 }
 
 #[tokio::test]
 async fn posts_events_about_cluster_scoped_objects_into_the_clients_default_namespace() {
-    let (emulator, client) = setup().await;
+    let (cluster, client) = setup().await;
     let crds: Api<DynamicObject> = Api::all_with(client.clone(), &samples::crd_api_resource());
     let crd = crds.get("widgets.example.com").await.unwrap();
     let resource = resource(
@@ -186,7 +205,7 @@ async fn posts_events_about_cluster_scoped_objects_into_the_clients_default_name
     create_namespace(&client, "operators").await;
 
     for namespace in [None, Some("operators")] {
-        let (poster, task) = EventPoster::start(client_of(&emulator, namespace), quick());
+        let (poster, task) = EventPoster::start(client_of(&cluster, namespace), quick());
         poster.info(&object, "Installed", "The CRD is installed.");
         flush(poster, task).await;
     }
@@ -249,37 +268,6 @@ async fn does_not_post_events_about_events() {
 }
 
 #[tokio::test]
-async fn keeps_posting_after_the_api_fails() {
-    let (emulator, client) = setup().await;
-    let object = ObjectRef::of(&create_widget(&client, "w1").await, &widgets());
-    emulator
-        .faults()
-        .fail(Failure::new(500).verb("create").resource("events").times(4));
-
-    let (poster, task) = EventPoster::start(client.clone(), quick());
-    poster.info(&object, "Lost", "Fails on every attempt.");
-    poster.info(&object, "Posted", "Gets through.");
-    flush(poster, task).await;
-
-    assert_eq!(reasons(&events(&client).await), ["Posted"]);
-}
-
-#[tokio::test]
-async fn retries_a_failing_post_until_it_gets_through() {
-    let (emulator, client) = setup().await;
-    let object = ObjectRef::of(&create_widget(&client, "w1").await, &widgets());
-    emulator
-        .faults()
-        .fail(Failure::new(503).verb("create").resource("events").times(3));
-
-    let (poster, task) = EventPoster::start(client.clone(), quick());
-    poster.warn(&object, "Retried", "Gets through on the last attempt.");
-    flush(poster, task).await;
-
-    assert_eq!(reasons(&events(&client).await), ["Retried"]);
-}
-
-#[tokio::test]
 async fn ignores_a_missing_namespace_without_retrying() {
     let (_emulator, client) = setup().await;
     let widget = create_widget(&client, "w1").await;
@@ -306,25 +294,6 @@ async fn ignores_a_missing_namespace_without_retrying() {
 }
 
 #[tokio::test]
-async fn posts_one_objects_events_in_order() {
-    let (emulator, client) = setup().await;
-    let object = ObjectRef::of(&create_widget(&client, "w1").await, &widgets());
-    emulator.faults().add_latency(
-        Matcher::any().verb("create").resource("events"),
-        Duration::from_millis(5),
-    );
-
-    let (poster, task) = EventPoster::start(client.clone(), quick());
-    let sent: Vec<String> = (0..20).map(|i| format!("Step{i}")).collect();
-    for reason in &sent {
-        poster.info(&object, reason, "In order.");
-    }
-    flush(poster, task).await;
-
-    assert_eq!(reasons(&events(&client).await), sent);
-}
-
-#[tokio::test]
 async fn dropping_every_poster_flushes_the_queue_then_ends_the_task() {
     let (_emulator, client) = setup().await;
     let (poster, task) = EventPoster::start(client.clone(), quick());
@@ -338,40 +307,6 @@ async fn dropping_every_poster_flushes_the_queue_then_ends_the_task() {
     flush(poster, task).await;
 
     assert_eq!(events(&client).await.len(), 30);
-}
-
-#[tokio::test]
-async fn drops_events_beyond_the_queue_capacity() {
-    let (emulator, client) = setup().await;
-    let mut objects = Vec::new();
-    for i in 0..10 {
-        objects.push(ObjectRef::of(
-            &create_widget(&client, &format!("w{i}")).await,
-            &widgets(),
-        ));
-    }
-    emulator.faults().add_latency(
-        Matcher::any().verb("create").resource("events"),
-        Duration::from_millis(200),
-    );
-
-    let settings = PostingSettings {
-        queue_capacity: 3,
-        ..quick()
-    };
-    let (poster, task) = EventPoster::start(client.clone(), settings);
-    for object in &objects {
-        poster.info(object, "Created", "Only the first three fit.");
-    }
-    flush(poster, task).await;
-
-    let events = events(&client).await;
-    let mut names: Vec<&str> = events
-        .iter()
-        .map(|event| event["involvedObject"]["name"].as_str().unwrap())
-        .collect();
-    names.sort();
-    assert_eq!(names, ["w0", "w1", "w2"]);
 }
 
 #[tokio::test]
@@ -413,4 +348,94 @@ async fn describes_errors_as_kopfs_exception_does() {
     assert_eq!(events[0]["message"], "Saving failed: disk full");
     assert_eq!(events[1]["reason"], "SaveFailed");
     assert_eq!(events[1]["message"], "disk full");
+}
+
+/// Tests that inject faults, which only the emulator can: `scripts/test` skips them on the real
+/// API server (`--skip emulator_only`).
+mod emulator_only {
+    use super::*;
+
+    #[tokio::test]
+    async fn keeps_posting_after_the_api_fails() {
+        let (cluster, client) = setup().await;
+        let object = ObjectRef::of(&create_widget(&client, "w1").await, &widgets());
+        cluster
+            .faults()
+            .fail(Failure::new(500).verb("create").resource("events").times(4));
+
+        let (poster, task) = EventPoster::start(client.clone(), quick());
+        poster.info(&object, "Lost", "Fails on every attempt.");
+        poster.info(&object, "Posted", "Gets through.");
+        flush(poster, task).await;
+
+        assert_eq!(reasons(&events(&client).await), ["Posted"]);
+    }
+
+    #[tokio::test]
+    async fn retries_a_failing_post_until_it_gets_through() {
+        let (cluster, client) = setup().await;
+        let object = ObjectRef::of(&create_widget(&client, "w1").await, &widgets());
+        cluster
+            .faults()
+            .fail(Failure::new(503).verb("create").resource("events").times(3));
+
+        let (poster, task) = EventPoster::start(client.clone(), quick());
+        poster.warn(&object, "Retried", "Gets through on the last attempt.");
+        flush(poster, task).await;
+
+        assert_eq!(reasons(&events(&client).await), ["Retried"]);
+    }
+
+    #[tokio::test]
+    async fn posts_one_objects_events_in_order() {
+        let (cluster, client) = setup().await;
+        let object = ObjectRef::of(&create_widget(&client, "w1").await, &widgets());
+        cluster.faults().add_latency(
+            Matcher::any().verb("create").resource("events"),
+            Duration::from_millis(5),
+        );
+
+        let (poster, task) = EventPoster::start(client.clone(), quick());
+        let sent: Vec<String> = (0..20).map(|i| format!("Step{i}")).collect();
+        for reason in &sent {
+            poster.info(&object, reason, "In order.");
+        }
+        flush(poster, task).await;
+
+        assert_eq!(reasons(&events(&client).await), sent);
+    }
+
+    #[tokio::test]
+    async fn drops_events_beyond_the_queue_capacity() {
+        let (cluster, client) = setup().await;
+        let mut objects = Vec::new();
+        for i in 0..10 {
+            objects.push(ObjectRef::of(
+                &create_widget(&client, &format!("w{i}")).await,
+                &widgets(),
+            ));
+        }
+        cluster.faults().add_latency(
+            Matcher::any().verb("create").resource("events"),
+            Duration::from_millis(200),
+        );
+
+        let settings = PostingSettings {
+            queue_capacity: 3,
+            ..quick()
+        };
+        let (poster, task) = EventPoster::start(client.clone(), settings);
+        for object in &objects {
+            poster.info(object, "Created", "Only the first three fit.");
+        }
+        flush(poster, task).await;
+
+        let events = events(&client).await;
+        let mut names: Vec<&str> = events
+            .iter()
+            .map(|event| event["involvedObject"]["name"].as_str().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["w0", "w1", "w2"]);
+    }
 }

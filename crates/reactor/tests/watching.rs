@@ -1,10 +1,11 @@
-//! The watch stream against the emulator over real HTTP, with the emulator's fault injection.
+//! The watch stream against the cluster over real HTTP, with the emulator's fault injection.
 
 use std::time::Duration;
 
-use kactor_emulator::{samples, Emulator, Failure, Matcher};
+use kactor_emulator::{samples, Failure, Matcher};
 use kactor_reactor::settings::{Networking, Watching};
 use kactor_reactor::watching::{RestartReason, WatchError, WatchItem, Watcher};
+use kactor_testenv::TestCluster;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -23,13 +24,13 @@ fn quick() -> (Watching, Networking) {
     (watching, networking)
 }
 
-/// An emulator with the widget CRD, a client without kube's own retries, and the widgets API.
-async fn setup() -> (Emulator, Api<DynamicObject>) {
-    let emulator = Emulator::start().await.unwrap();
-    let mut config = emulator.config();
+/// A cluster with the widget CRD, a client without kube's own retries, and the widgets API.
+async fn setup() -> (TestCluster, Api<DynamicObject>) {
+    let cluster = TestCluster::start().await.unwrap();
+    let mut config = cluster.config();
     config.default_retry = false;
     let client = kube::Client::try_from(config).unwrap();
-    (emulator, samples::install_widgets(&client).await.unwrap())
+    (cluster, samples::install_widgets(&client).await.unwrap())
 }
 
 async fn create(api: &Api<DynamicObject>, name: &str) {
@@ -95,132 +96,12 @@ async fn it_lists_existing_objects_page_by_page_then_watches_new_ones() {
 }
 
 #[tokio::test]
-async fn a_dropped_stream_resumes_without_losing_or_replaying_events() {
-    let (emulator, api) = setup().await;
-    create(&api, "a").await;
-    let (watching, networking) = quick();
-    let mut watcher = Watcher::new(api.clone(), "widgets", watching, networking);
-    assert_eq!(take(&mut watcher, 2).await, ["listed a", "list-done"]);
-    create(&api, "b").await;
-    assert_eq!(take(&mut watcher, 1).await, ["ADDED b"]);
-    emulator.faults().end_watches();
-    create(&api, "c").await;
-    assert_eq!(
-        take(&mut watcher, 1).await,
-        ["ADDED c"],
-        "c once, and b not again"
-    );
-    assert!(watcher.status().restarts(RestartReason::Reconnect) >= 1);
-}
-
-#[tokio::test]
-async fn a_410_gone_relists_everything() {
-    let (emulator, api) = setup().await;
-    create(&api, "a").await;
-    let (watching, networking) = quick();
-    let mut watcher = Watcher::new(api.clone(), "widgets", watching, networking);
-    assert_eq!(take(&mut watcher, 2).await, ["listed a", "list-done"]);
-    create(&api, "b").await;
-    assert_eq!(take(&mut watcher, 1).await, ["ADDED b"]);
-    // c is written while the stream is silent, then the history is compacted past it: the watcher's
-    // resume point (b) is older than the kept history, so the resumed watch gets 410.
-    emulator.faults().silence_watches(Matcher::any());
-    create(&api, "c").await;
-    emulator.faults().compact();
-    emulator.faults().end_watches();
-    emulator.faults().reset();
-    let seen = take(&mut watcher, 4).await;
-    assert_eq!(seen, ["listed a", "listed b", "listed c", "list-done"]);
-    assert_eq!(watcher.status().restarts(RestartReason::Relist410), 1);
-}
-
-#[tokio::test]
-async fn a_silent_stream_is_reopened_after_the_inactivity_timeout() {
-    let (emulator, api) = setup().await;
-    let (mut watching, networking) = quick();
-    watching.inactivity_timeout = Duration::from_millis(300);
-    let mut watcher = Watcher::new(api.clone(), "widgets", watching, networking);
-    assert_eq!(take(&mut watcher, 1).await, ["list-done"]);
-    emulator
-        .faults()
-        .silence_watches(Matcher::any().resource("widgets"));
-    create(&api, "a").await;
-    let faults = emulator.faults().clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(1000)).await;
-        faults.reset();
-    });
-    assert_eq!(take(&mut watcher, 1).await, ["ADDED a"]);
-    assert!(
-        watcher.status().restarts(RestartReason::Inactivity) >= 1,
-        "the silent stream was given up at least once"
-    );
-}
-
-#[tokio::test]
-async fn api_errors_are_retried_and_a_lasting_failure_is_reported_then_cleared() {
-    let (emulator, api) = setup().await;
-    create(&api, "a").await;
-    let (watching, networking) = quick();
-    emulator
-        .faults()
-        .fail(Failure::new(500).verb("list").resource("widgets").times(5));
-    let mut watcher = Watcher::new(api.clone(), "widgets", watching, networking);
-    let status = watcher.status();
-    assert_eq!(take(&mut watcher, 2).await, ["listed a", "list-done"]);
-    assert_eq!(status.restarts(RestartReason::Error), 5);
-    assert!(
-        status.failing().is_none(),
-        "the failure is cleared once the API answers"
-    );
-
-    emulator
-        .faults()
-        .fail(Failure::new(503).verb("watch").times(100));
-    emulator.faults().end_watches();
-    let watching = tokio::spawn(async move {
-        let seen = take(&mut watcher, 1).await;
-        (watcher, seen)
-    });
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while status.failing().is_none() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the lasting failure is reported"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(status.failing().unwrap().contains("503"));
-    emulator.faults().reset();
-    create(&api, "b").await;
-    let (_, seen) = tokio::time::timeout(WAIT, watching).await.unwrap().unwrap();
-    assert_eq!(seen, ["ADDED b"]);
-    assert!(status.failing().is_none());
-}
-
-#[tokio::test]
-async fn a_429_is_retried_no_sooner_than_retry_after() {
-    let (emulator, api) = setup().await;
-    let (watching, networking) = quick();
-    emulator
-        .faults()
-        .fail(Failure::new(429).verb("list").retry_after(1));
-    let mut watcher = Watcher::new(api.clone(), "widgets", watching, networking);
-    let started = std::time::Instant::now();
-    assert_eq!(take(&mut watcher, 1).await, ["list-done"]);
-    assert!(
-        started.elapsed() >= Duration::from_secs(1),
-        "Retry-After is honoured"
-    );
-}
-
-#[tokio::test]
 async fn a_resource_that_stops_being_served_ends_the_watcher() {
-    let (emulator, api) = setup().await;
+    let (cluster, api) = setup().await;
     let (watching, networking) = quick();
     let mut watcher = Watcher::new(api.clone(), "widgets", watching, networking);
     assert_eq!(take(&mut watcher, 1).await, ["list-done"]);
-    let crds: Api<DynamicObject> = Api::all_with(emulator.client(), &samples::crd_api_resource());
+    let crds: Api<DynamicObject> = Api::all_with(cluster.client(), &samples::crd_api_resource());
     crds.delete("widgets.example.com", &DeleteParams::default())
         .await
         .unwrap();
@@ -286,4 +167,130 @@ async fn next_batch_is_cancel_safe_in_a_select_loop() {
         "every event once, in order, and no relisting"
     );
     assert_eq!(watcher.status().restarts(RestartReason::Relist410), 0);
+}
+
+/// Tests that inject faults, which only the emulator can: `scripts/test` skips them on the real
+/// API server (`--skip emulator_only`).
+mod emulator_only {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_dropped_stream_resumes_without_losing_or_replaying_events() {
+        let (cluster, api) = setup().await;
+        create(&api, "a").await;
+        let (watching, networking) = quick();
+        let mut watcher = Watcher::new(api.clone(), "widgets", watching, networking);
+        assert_eq!(take(&mut watcher, 2).await, ["listed a", "list-done"]);
+        create(&api, "b").await;
+        assert_eq!(take(&mut watcher, 1).await, ["ADDED b"]);
+        cluster.faults().end_watches();
+        create(&api, "c").await;
+        assert_eq!(
+            take(&mut watcher, 1).await,
+            ["ADDED c"],
+            "c once, and b not again"
+        );
+        assert!(watcher.status().restarts(RestartReason::Reconnect) >= 1);
+    }
+
+    #[tokio::test]
+    async fn a_410_gone_relists_everything() {
+        let (cluster, api) = setup().await;
+        create(&api, "a").await;
+        let (watching, networking) = quick();
+        let mut watcher = Watcher::new(api.clone(), "widgets", watching, networking);
+        assert_eq!(take(&mut watcher, 2).await, ["listed a", "list-done"]);
+        create(&api, "b").await;
+        assert_eq!(take(&mut watcher, 1).await, ["ADDED b"]);
+        // c is written while the stream is silent, then the history is compacted past it: the watcher's
+        // resume point (b) is older than the kept history, so the resumed watch gets 410.
+        cluster.faults().silence_watches(Matcher::any());
+        create(&api, "c").await;
+        cluster.faults().compact();
+        cluster.faults().end_watches();
+        cluster.faults().reset();
+        let seen = take(&mut watcher, 4).await;
+        assert_eq!(seen, ["listed a", "listed b", "listed c", "list-done"]);
+        assert_eq!(watcher.status().restarts(RestartReason::Relist410), 1);
+    }
+
+    #[tokio::test]
+    async fn a_silent_stream_is_reopened_after_the_inactivity_timeout() {
+        let (cluster, api) = setup().await;
+        let (mut watching, networking) = quick();
+        watching.inactivity_timeout = Duration::from_millis(300);
+        let mut watcher = Watcher::new(api.clone(), "widgets", watching, networking);
+        assert_eq!(take(&mut watcher, 1).await, ["list-done"]);
+        cluster
+            .faults()
+            .silence_watches(Matcher::any().resource("widgets"));
+        create(&api, "a").await;
+        let faults = cluster.faults().clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+            faults.reset();
+        });
+        assert_eq!(take(&mut watcher, 1).await, ["ADDED a"]);
+        assert!(
+            watcher.status().restarts(RestartReason::Inactivity) >= 1,
+            "the silent stream was given up at least once"
+        );
+    }
+
+    #[tokio::test]
+    async fn api_errors_are_retried_and_a_lasting_failure_is_reported_then_cleared() {
+        let (cluster, api) = setup().await;
+        create(&api, "a").await;
+        let (watching, networking) = quick();
+        cluster
+            .faults()
+            .fail(Failure::new(500).verb("list").resource("widgets").times(5));
+        let mut watcher = Watcher::new(api.clone(), "widgets", watching, networking);
+        let status = watcher.status();
+        assert_eq!(take(&mut watcher, 2).await, ["listed a", "list-done"]);
+        assert_eq!(status.restarts(RestartReason::Error), 5);
+        assert!(
+            status.failing().is_none(),
+            "the failure is cleared once the API answers"
+        );
+
+        cluster
+            .faults()
+            .fail(Failure::new(503).verb("watch").times(100));
+        cluster.faults().end_watches();
+        let watching = tokio::spawn(async move {
+            let seen = take(&mut watcher, 1).await;
+            (watcher, seen)
+        });
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while status.failing().is_none() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the lasting failure is reported"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(status.failing().unwrap().contains("503"));
+        cluster.faults().reset();
+        create(&api, "b").await;
+        let (_, seen) = tokio::time::timeout(WAIT, watching).await.unwrap().unwrap();
+        assert_eq!(seen, ["ADDED b"]);
+        assert!(status.failing().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_429_is_retried_no_sooner_than_retry_after() {
+        let (cluster, api) = setup().await;
+        let (watching, networking) = quick();
+        cluster
+            .faults()
+            .fail(Failure::new(429).verb("list").retry_after(1));
+        let mut watcher = Watcher::new(api.clone(), "widgets", watching, networking);
+        let started = std::time::Instant::now();
+        assert_eq!(take(&mut watcher, 1).await, ["list-done"]);
+        assert!(
+            started.elapsed() >= Duration::from_secs(1),
+            "Retry-After is honoured"
+        );
+    }
 }

@@ -1,7 +1,7 @@
 //! Helpers for the tests that run third-party tools (kubectl, Python clients, Kopf) against the emulator:
 //! finding the tools, a scratch directory per test, subprocesses with time limits, and polling.
 //!
-//! Every wait here is bounded, so that a broken emulator fails a test instead of hanging it.
+//! Every wait here is bounded, so that a broken cluster fails a test instead of hanging it.
 
 use std::future::Future;
 use std::io::Write as _;
@@ -123,15 +123,15 @@ pub async fn python(test: &str, modules: &[&str]) -> Option<String> {
 }
 
 /// A scratch directory of one test, under the system's temporary directory, removed when dropped.
-/// It holds the emulator's kubeconfig and is the tools' `HOME`, so nothing is cached across tests.
+/// It holds the cluster's kubeconfig and is the tools' `HOME`, so nothing is cached across tests.
 pub struct Workdir {
     path: PathBuf,
     kubeconfig: PathBuf,
 }
 
 impl Workdir {
-    /// A new, empty directory for `test`, with the emulator's kubeconfig written into it.
-    pub fn new(test: &str, emulator: &kactor_emulator::Emulator) -> Workdir {
+    /// A new, empty directory for `test`, with the cluster's kubeconfig written into it.
+    pub fn new(test: &str, cluster: &kactor_testenv::TestCluster) -> Workdir {
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
         let path = std::env::temp_dir().join(format!(
             "kactor-third-party-{}-{}-{}",
@@ -143,13 +143,13 @@ impl Workdir {
         std::fs::create_dir_all(&path)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", path.display()));
         let kubeconfig = path.join("kubeconfig");
-        emulator
+        cluster
             .write_kubeconfig(&kubeconfig)
             .expect("the kubeconfig is written");
         Workdir { path, kubeconfig }
     }
 
-    /// A command for `program` pointed at the emulator: `KUBECONFIG` is its kubeconfig, `HOME` this
+    /// A command for `program` pointed at the cluster: `KUBECONFIG` is its kubeconfig, `HOME` this
     /// directory, no proxies, unbuffered Python that writes no bytecode next to the test scripts.
     pub fn command(&self, program: &str) -> Command {
         let mut command = Command::new(program);
