@@ -4,11 +4,18 @@
 //! **Expected flow**: handlers and the framework add to one [`Patch`] during a cycle: merge-patch
 //! changes (results, progress, the diff-base, the user's `ctx.patch()` changes) and transformations
 //! (functions over the body, such as adding the finalizer). At the end of the cycle [`apply`] sends
-//! at most four requests, in Kopf's order: a merge patch of the body, a merge patch of `/status` (when
-//! the resource has the status subresource), then the transformations as JSON patches of the body and
-//! of `/status`, computed on the freshest body and guarded by a `resourceVersion` test.
+//! its merge patches, results before bookkeeping: a merge patch of `/status` with the handlers'
+//! results and the user's status (when the resource has the status subresource), then a merge patch
+//! of the body (progress, the diff-base, labels and annotations), then, if any, the framework's own
+//! state kept in `status.kopf` (a diff-base too large for an annotation). Then the transformations go
+//! as JSON patches of the body and of `/status`, computed on the freshest body and guarded by a
+//! `resourceVersion` test.
 //!
 //! **Guarantees**
+//! * A handler's result is never lost: it is stored before the progress record that says the handler
+//!   succeeded. A failure or a crash between the two requests leaves the result without the record,
+//!   and the handler runs again (at least once), where Kopf's order (body first) would keep the
+//!   record and lose the result. Kopf reads both either way.
 //! * A conflicting transformation (the object changed meanwhile) is kept and retried in the next cycle,
 //!   on the next body; it never overwrites a concurrent change.
 //! * A 404 means the object is gone: nothing is left to apply, and that is not an error.
@@ -23,6 +30,9 @@ use kube::api::{Api, DynamicObject, Patch as KubePatch, PatchParams};
 use serde_json::{Map, Value};
 
 use crate::resources::Resource;
+
+/// The status field that holds the framework's own state (Kopf's status storage), sent last.
+const KOPF_STATUS: &str = "kopf";
 
 /// A transformation of the body, turned into JSON-patch operations when applied.
 pub type PatchFn = Arc<dyn Fn(&mut Value) + Send + Sync>;
@@ -247,17 +257,30 @@ pub async fn apply(
     let has_status = resource.subresources.iter().any(|s| s == "status");
 
     let mut merge = changes.merge;
-    let status = if has_status {
+    let mut status = if has_status {
         merge.remove("status")
     } else {
         None
     };
+    // The framework's own state kept in the status (`status.kopf`: a diff-base too large for an
+    // annotation) is bookkeeping like the annotations: it goes after them.
+    let bookkeeping = match &mut status {
+        Some(Value::Object(fields)) => fields.remove(KOPF_STATUS),
+        _ => None,
+    };
     let mut requests: Vec<(&'static str, bool, Value)> = Vec::new();
+    if let Some(status) = status.filter(|s| s.as_object().is_none_or(|s| !s.is_empty())) {
+        requests.push(("the status", true, serde_json::json!({ "status": status })));
+    }
     if !merge.is_empty() {
         requests.push(("the object", false, Value::Object(merge)));
     }
-    if let Some(status) = status {
-        requests.push(("the status", true, serde_json::json!({ "status": status })));
+    if let Some(bookkeeping) = bookkeeping {
+        requests.push((
+            "the status's bookkeeping",
+            true,
+            serde_json::json!({ "status": { KOPF_STATUS: bookkeeping } }),
+        ));
     }
     for (what, to_status, patch) in requests {
         let response = crate::api::retrying(backoffs, what, || {
