@@ -18,6 +18,13 @@ use crate::progress::{annotation_path, store_marker, write_json, write_json_str}
 pub const ANNOTATIONS_SIZE_LIMIT: usize = 256 * 1024;
 
 /// The annotation that `kubectl apply` keeps; never part of the essence, as in Kopf.
+/// The annotation (under the operator's prefix) that keeps, while a cause spans several cycles, the
+/// essence the cause started from: what its first handlers saw. When the cause is done, that essence
+/// becomes the diff-base, so a change that arrived meanwhile is a change after it (an update). A
+/// kactor record: Kopf does not write it, leaves it alone, and keeps it out of the essence as every
+/// annotation under its prefix.
+pub const CAUSE_BASE_KEY: &str = "cause-base-configuration";
+
 const KUBECTL_LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// The diff-base would not fit into the object's annotations.
@@ -127,8 +134,18 @@ impl DiffBaseStorage {
     /// warning and treated as absent (then the object is handled as if new, i.e. created); Kopf
     /// would fail the processing of the object instead, for good.
     pub fn fetch(&self, body: &DynamicObject) -> Option<Value> {
+        self.fetch_named(body, &self.key)
+    }
+
+    /// The essence a cause that spans several cycles started from ([`CAUSE_BASE_KEY`]), when a
+    /// cycle before this one stored it; read as the diff-base is.
+    pub fn fetch_cause_base(&self, body: &DynamicObject) -> Option<Value> {
+        self.fetch_named(body, CAUSE_BASE_KEY)
+    }
+
+    fn fetch_named(&self, body: &DynamicObject, name: &str) -> Option<Value> {
         let annotations = body.metadata.annotations.as_ref()?;
-        for key in self.keys.keys(&self.key) {
+        for key in self.keys.keys(name) {
             let Some(text) = annotations.get(&key) else {
                 continue;
             };
@@ -140,10 +157,31 @@ impl DiffBaseStorage {
             };
             tracing::warn!(
                 key = %key,
-                "Ignoring the unreadable diff-base in the annotation {key} ({problem}); it is treated as absent."
+                "Ignoring the unreadable essence in the annotation {key} ({problem}); it is treated as absent."
             );
         }
         None
+    }
+
+    /// Adds the essence a cause started from to a merge patch ([`CAUSE_BASE_KEY`]); nothing when
+    /// the annotations would exceed Kubernetes' limit (the worker's memory keeps it then).
+    pub fn store_cause_base(
+        &self,
+        body: &DynamicObject,
+        essence: &Value,
+        patch: &mut Value,
+    ) -> Result<(), DiffBaseTooLarge> {
+        self.store_named(body, CAUSE_BASE_KEY, essence, patch)
+    }
+
+    /// Removes the cause's base from the object (a merge patch), if it has one.
+    pub fn clear_cause_base(&self, body: &DynamicObject, patch: &mut Value) {
+        let annotations = body.metadata.annotations.as_ref();
+        for key in self.keys.keys(CAUSE_BASE_KEY) {
+            if annotations.is_some_and(|a| a.contains_key(&key)) {
+                ensure(patch, &annotation_path(&key), Value::Null);
+            }
+        }
     }
 
     /// Adds the essence to a JSON merge patch under the diff-base key(s), plus the
@@ -168,11 +206,21 @@ impl DiffBaseStorage {
         essence: &Value,
         patch: &mut Value,
     ) -> Result<(), DiffBaseTooLarge> {
+        self.store_named(body, &self.key, essence, patch)
+    }
+
+    fn store_named(
+        &self,
+        body: &DynamicObject,
+        name: &str,
+        essence: &Value,
+        patch: &mut Value,
+    ) -> Result<(), DiffBaseTooLarge> {
         let mut encoded = String::new();
         write_essence(essence, &mut encoded);
         encoded.push('\n');
 
-        let keys = self.keys.keys(&self.key);
+        let keys = self.keys.keys(name);
         let size = annotations_size_after(body, patch, &keys, &encoded, &self.keys);
         if size > ANNOTATIONS_SIZE_LIMIT {
             return Err(DiffBaseTooLarge { size });

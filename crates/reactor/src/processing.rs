@@ -8,20 +8,30 @@
 //!    either runs no changing handlers: the patch's own event starts the next cycle);
 //! 4. the changing handlers run if the object is consistent (our last patch came back), per the
 //!    lifecycle, with their progress read from and written to the object's annotations;
-//! 5. once every handler of the cause is done, progress is purged and the diff-base written; during
-//!    a deletion, the finalizer is released;
-//! 6. everything goes out as one combined patch ([`crate::patches::apply`]); the returned
-//!    [`Cycle`] tells the worker when to come back (a retry delay) and which version to wait for.
+//! 5. a cause that spans several cycles (a retry, a delay) keeps the essence it started from, in the
+//!    worker's memory and on the object ([`crate::diffbase::CAUSE_BASE_KEY`], written with the
+//!    progress), for the cycles and restarts to come;
+//! 6. once every handler of the cause is done, progress is purged and the diff-base written: the
+//!    essence the cause started from, not the newest; during a deletion, the finalizer is released;
+//! 7. everything goes out as one combined patch ([`crate::patches::apply`]): the results first,
+//!    then the progress and the diff-base; the returned [`Cycle`] tells the worker when to come
+//!    back (a retry delay) and which version to wait for.
 //!
-//! **Guarantees**
-//! * A handler that succeeded is not run again for the same cause, across cycles and restarts: its
-//!   success is stored in the same patch as its result.
+//! **Guarantees** (at least once: a handler may run again after a crash, nothing is lost)
+//! * A handler's result is never lost: it is stored before the record of the handler's success, so
+//!   a crash between the two re-runs the handler (Kopf's order loses the result instead).
+//! * A handler that succeeded is not run again for the same cause, across cycles and restarts, once
+//!   its success is stored.
+//! * No change goes unhandled: a change that arrives while a cause is in progress is not absorbed
+//!   into it (as in Kopf, where the newest essence becomes the diff-base), but handled after it, as
+//!   an update (field handlers see the value the field settled on).
 //! * Objects no changing handler could ever match (filters) are left alone: nothing is written
 //!   (Kopf's stealth mode).
 //! * An API failure that outlives its retries is returned as an error; the worker throttles the object
 //!   and tries again, other objects go on.
 //!
-//! **Caveats**: a diff-base larger than Kubernetes' annotation limit cannot be kept in annotations; it
+//! **Caveats**: a cause's base too large for the annotations is kept in memory only (a restart
+//! mid-cause then absorbs a change made meanwhile, as Kopf does). A diff-base larger than Kubernetes' annotation limit cannot be kept in annotations; it
 //! goes to `status.kopf.last-handled-configuration` (Kopf's status storage format) and into the
 //! object's memory, with a Warning event, so the object is still handled once per change.
 
@@ -100,6 +110,9 @@ pub struct ObjectMemory {
     /// A hash of the last essence seen, for objects with no diff-base stored (no changing
     /// handlers): what tells an essential change from our own status patches for idle timers.
     pub seen_essence: Option<u64>,
+    /// The essence the cause in progress started from, while it spans several cycles (also kept on
+    /// the object, [`crate::diffbase::CAUSE_BASE_KEY`], for a restart): the diff-base it leaves.
+    pub cause_base: Option<(Reason, Value)>,
 }
 
 /// One cycle's input.
@@ -513,6 +526,7 @@ impl Processor {
         let patch = ctx.patch();
         let mut done_or_skipped = false;
         let mut delays = Vec::new();
+        let mut base: Option<Value> = None;
 
         if reason.has_handlers() {
             let title = reason.title();
@@ -529,7 +543,22 @@ impl Processor {
                 .filter(|h| h.matches(ctx))
                 .collect();
             let cause_ids: Vec<&str> = cause_handlers.iter().map(|h| h.id.as_str()).collect();
-            let mut state = State::from_storage(&body, &self.progress, owned.iter().copied(), now)
+            let state = State::from_storage(&body, &self.progress, owned.iter().copied(), now);
+            // The essence this cause started from: kept from its first cycle while its progress
+            // is on the object, else this cycle's.
+            let continued = state
+                .iter()
+                .any(|(_, s)| s.purpose.as_deref() == Some(reason.as_str()));
+            let remembered = memory.cause_base.take().filter(|(r, _)| *r == reason);
+            base = continued
+                .then(|| {
+                    remembered
+                        .map(|(_, essence)| essence)
+                        .or_else(|| self.diffbase.fetch_cause_base(&body))
+                })
+                .flatten()
+                .or_else(|| cause.new.as_deref().cloned());
+            let mut state = state
                 .with_purpose(reason.as_str(), [])
                 .with_handlers(cause_ids.iter().copied(), now);
             let extras = state.extras();
@@ -551,6 +580,7 @@ impl Processor {
             tracing::debug!("{} is in progress.", capitalize(title));
 
             if cause_handlers.is_empty() {
+                self.diffbase.clear_cause_base(&body, &mut merge);
                 done_or_skipped = true;
             } else {
                 let awakened: Vec<&ChangingHandler> = cause_handlers
@@ -619,17 +649,28 @@ impl Processor {
                     );
                     if !(reason == Reason::Delete && daemons_running) {
                         state.purge(&body, &self.progress, owned.iter().copied(), &mut merge);
+                        self.diffbase.clear_cause_base(&body, &mut merge);
                     }
                     done_or_skipped = true;
                 } else {
                     delays = state.delays(finished_at);
+                    if let Some(base) = &base {
+                        // Kept for the cycles to come, and on the object with the progress, for a
+                        // restart; too large for the annotations, the memory keeps it alone.
+                        memory.cause_base = Some((reason, base.clone()));
+                        if self.diffbase.fetch_cause_base(&body).as_ref() != Some(base) {
+                            let _ = self.diffbase.store_cause_base(&body, base, &mut merge);
+                        }
+                    }
                 }
             }
             patch.merge(merge);
         }
 
         if done_or_skipped {
-            if let Some(new) = cause.new.as_deref() {
+            // What the cause's handlers saw: the essence it started from. A change that arrived
+            // while it was in progress is then a change after it, handled by the next cycle.
+            if let Some(new) = base.as_ref().or(cause.new.as_deref()) {
                 if cause.old.as_deref() != Some(new) {
                     self.store_diff_base(ctx, new, memory);
                 }
