@@ -254,15 +254,20 @@ async fn an_operator_killed_at_random_loses_no_result_and_misses_no_change() {
     let names: Vec<String> = (0..objects).map(|i| format!("w{i:05}")).collect();
     let mut operator = OperatorProcess::start(&kubeconfig, &runs, &log);
 
-    // Creations in batches, then patches and deletions, with kills at random moments throughout.
+    // Creations in bursts (a tenth of the objects at a time, so that many are in flight when a kill
+    // lands), patches and deletions throughout, and kills at random steps, a random moment after
+    // the step's writes.
     let mut deleted = HashSet::new();
     let (mut patches, mut deletions, mut killed) = (0u64, 0u64, 0u64);
     let post = PostParams::default();
-    let steps = objects as u64 / 10 + 3 * kills + 10;
-    let kill_every = (steps / kills.max(1)).max(1);
+    let burst = (objects / 10).max(10);
+    let creation_steps = objects.div_ceil(burst) as u64;
+    let steps = creation_steps + 2 * kills + 10;
+    let mut created = 0;
     for step in 0..steps {
-        if step * 10 < objects as u64 {
-            let batch = &names[(step as usize * 10)..((step as usize + 1) * 10).min(objects)];
+        if created < objects {
+            let batch = &names[created..(created + burst).min(objects)];
+            created += batch.len();
             futures::future::join_all(batch.iter().map(|name| {
                 let body = serde_json::from_value(samples::widget(name, 1)).unwrap();
                 let (widgets, post) = (&widgets, &post);
@@ -270,8 +275,8 @@ async fn an_operator_killed_at_random_loses_no_result_and_misses_no_change() {
             }))
             .await;
         }
-        for _ in 0..10 {
-            let name = &names[random.below(objects as u64) as usize];
+        for _ in 0..20 {
+            let name = &names[random.below(created as u64) as usize];
             if deleted.contains(name) {
                 continue;
             }
@@ -297,8 +302,8 @@ async fn an_operator_killed_at_random_loses_no_result_and_misses_no_change() {
                 }
             }
         }
-        tokio::time::sleep(Duration::from_millis(random.below(200))).await;
-        if killed < kills && step % kill_every == kill_every - 1 {
+        tokio::time::sleep(Duration::from_millis(random.below(400))).await;
+        if killed < kills && random.below(steps - step) < kills - killed {
             operator.kill().await;
             killed += 1;
             operator = OperatorProcess::start(&kubeconfig, &runs, &log);
