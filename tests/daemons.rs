@@ -656,11 +656,17 @@ async fn a_daemon_that_returns_on_its_own_stores_its_result_and_is_not_started_a
             }),
     );
     create(&widgets, "w1", 1).await;
+    // The diff-base too: a change made before the creation is handled is part of the creation (no
+    // update), and under load the finalizer's release can come first.
     let object = until(
         &widgets,
         "w1",
-        "the result and the finalizer released",
-        |o| o.is_some_and(|o| !status(o)["d"].is_null() && !has_finalizer(o)),
+        "the result, the diff-base and the finalizer released",
+        |o| {
+            o.is_some_and(|o| {
+                !status(o)["d"].is_null() && !has_finalizer(o) && support::diff_base(o).is_some()
+            })
+        },
     )
     .await
     .unwrap();

@@ -705,7 +705,11 @@ async fn python_client_lists_and_watches_custom_objects_and_configmaps() {
         }
     })
     .await;
-    assert_eq!(listed["server"], kactor_emulator::KUBERNETES_VERSION);
+    let version = match cluster.backend() {
+        kactor_testenv::Backend::Emulator => kactor_emulator::KUBERNETES_VERSION,
+        kactor_testenv::Backend::ApiServer => kactor_testenv::apiserver::KUBERNETES_VERSION,
+    };
+    assert_eq!(listed["server"], version);
     assert_eq!(listed["widgets_kind"], "WidgetList");
     assert_eq!(listed["widgets"], json!(["alpha"]));
     assert_eq!(listed["widgets_unmatched"], json!([]));

@@ -30,10 +30,12 @@
 //! * An API failure that outlives its retries is returned as an error; the worker throttles the object
 //!   and tries again, other objects go on.
 //!
-//! **Caveats**: a cause's base too large for the annotations is kept in memory only (a restart
-//! mid-cause then absorbs a change made meanwhile, as Kopf does). A diff-base larger than Kubernetes' annotation limit cannot be kept in annotations; it
-//! goes to `status.kopf.last-handled-configuration` (Kopf's status storage format) and into the
-//! object's memory, with a Warning event, so the object is still handled once per change.
+//! **Caveats**
+//! * A cause's base too large for the annotations is kept in memory only: a restart mid-cause then
+//!   absorbs a change made meanwhile, as Kopf does.
+//! * A diff-base larger than Kubernetes' annotation limit cannot be kept in annotations; it goes to
+//!   `status.kopf.last-handled-configuration` (Kopf's status storage format) and into the object's
+//!   memory, with a Warning event, so the object is still handled once per change.
 
 use std::collections::HashSet;
 use std::sync::Arc;
