@@ -265,4 +265,63 @@ mod tests {
         let record = json!({"lifetime": 60, "lastseen": "2026-03-01T09:59:00.000001+00:00"});
         assert!(!Peer::read("a", &record, now).unwrap().is_dead(now));
     }
+
+    /// Garbage in a peering object (written by anyone with access to it): every record is read
+    /// or skipped, never a panic, whatever its priority, lifetime and lastseen hold.
+    mod garbage {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn any_field() -> impl Strategy<Value = Value> {
+            prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::from),
+                any::<i64>().prop_map(Value::from),
+                any::<u64>().prop_map(Value::from),
+                any::<f64>()
+                    .prop_filter("finite", |f| f.is_finite())
+                    .prop_map(Value::from),
+                any::<String>().prop_map(Value::from),
+                Just(json!("9223372036854775807")),
+                Just(json!("-9223372036854775808")),
+                Just(json!("2026-03-01T10:00:00")),
+                Just(json!("99999-01-01T00:00:00+00:00")),
+                prop::collection::vec(any::<i64>(), 0..3).prop_map(Value::from),
+            ]
+        }
+
+        fn any_record() -> impl Strategy<Value = Value> {
+            prop_oneof![
+                any_field(),
+                (any_field(), any_field(), any_field()).prop_map(
+                    |(priority, lifetime, lastseen)| {
+                        json!({"priority": priority, "lifetime": lifetime, "lastseen": lastseen})
+                    }
+                ),
+            ]
+        }
+
+        proptest! {
+            #[test]
+            fn any_status_is_read_record_by_record(
+                status in prop::collection::btree_map(any::<String>(), any_record(), 0..8),
+                now in any::<i64>(),
+            ) {
+                let status: Map<String, Value> = status.into_iter().collect();
+                let now = Timestamp::from_second(now.rem_euclid(250_000_000_000) - 125_000_000_000)
+                    .unwrap_or(Timestamp::UNIX_EPOCH);
+                let peers = read_peers(Some(&status), now);
+                prop_assert!(peers.len() <= status.len());
+                for peer in &peers {
+                    let _ = peer.is_dead(now);
+                    let _ = peer.to_string();
+                }
+            }
+
+            #[test]
+            fn any_lastseen_is_a_time_or_absent(text in any::<String>()) {
+                let _ = parse_lastseen(&text);
+            }
+        }
+    }
 }
