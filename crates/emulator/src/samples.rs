@@ -100,6 +100,7 @@ where
 
 /// Waits until the CRD `name` is established (its `Established` condition is `True`), for at most
 /// 30 s: a real API server establishes a CRD a moment after it is created, the emulator at once.
+/// At the deadline it returns all the same: the next request on the kind says what is wrong.
 pub async fn until_established(client: &kube::Client, name: &str) -> kube::Result<()> {
     let crds: kube::Api<kube::api::DynamicObject> =
         kube::Api::all_with(client.clone(), &crd_api_resource());

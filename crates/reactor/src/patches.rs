@@ -32,7 +32,7 @@ use serde_json::{Map, Value};
 use crate::resources::Resource;
 
 /// The status field that holds the framework's own state (Kopf's status storage), sent last.
-const KOPF_STATUS: &str = "kopf";
+pub(crate) const KOPF_STATUS: &str = "kopf";
 
 /// A transformation of the body, turned into JSON-patch operations when applied.
 pub type PatchFn = Arc<dyn Fn(&mut Value) + Send + Sync>;

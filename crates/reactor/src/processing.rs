@@ -67,7 +67,7 @@ use crate::watching::EventType;
 pub const WAITING_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(600);
 
 /// Where a status-stored diff-base lives (Kopf's `StatusDiffBaseStorage` default field).
-const STATUS_DIFF_BASE: [&str; 2] = ["kopf", "last-handled-configuration"];
+const STATUS_DIFF_BASE: [&str; 2] = [patches::KOPF_STATUS, "last-handled-configuration"];
 
 /// What one resource's cycles share.
 pub struct Processor {

@@ -172,6 +172,13 @@ impl ApiServer {
         &self.kubeconfig_path
     }
 
+    /// Copies the administrator's kubeconfig to `path`, for other programs.
+    pub fn write_kubeconfig(&self, path: &Path) -> Result<(), Error> {
+        std::fs::copy(&self.kubeconfig_path, path)
+            .map(drop)
+            .map_err(|e| Error::io(format!("writing the kubeconfig to {}", path.display()), e))
+    }
+
     /// The components' log (etcd, kube-apiserver, kube-controller-manager), removed with the server.
     pub fn log_path(&self) -> &Path {
         &self.log

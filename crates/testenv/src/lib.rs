@@ -263,9 +263,7 @@ impl TestCluster {
         let path = path.as_ref();
         match &self.server {
             Server::Emulator(emulator) => Ok(emulator.write_kubeconfig(path)?),
-            Server::ApiServer(server) => std::fs::copy(server.kubeconfig_path(), path)
-                .map(drop)
-                .map_err(|e| Error::io(format!("writing the kubeconfig to {}", path.display()), e)),
+            Server::ApiServer(server) => server.write_kubeconfig(path),
         }
     }
 

@@ -48,12 +48,7 @@ async fn run(args: Args) -> Result<(), kactor_testenv::Error> {
             let server = ApiServer::start(rbac).await?;
             let path = match kubeconfig {
                 Some(path) => {
-                    std::fs::copy(server.kubeconfig_path(), &path).map_err(|source| {
-                        kactor_testenv::Error::Io {
-                            what: format!("writing {}", path.display()),
-                            source,
-                        }
-                    })?;
+                    server.write_kubeconfig(&path)?;
                     path
                 }
                 None => server.kubeconfig_path().to_path_buf(),
