@@ -197,6 +197,85 @@ async fn metrics_parse_as_prometheus_text_and_move_as_objects_are_handled() {
     running.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_scrape_shows_every_resources_counters_and_gauges_at_zero() {
+    // What a dashboard reads before anything happened: rate() and absent() need the series to exist.
+    let (cluster, _widgets) = cluster_with_widgets().await;
+    let port = free_port();
+    let running = spawn(
+        operator(&cluster)
+            .liveness(&format!("http://127.0.0.1:{port}/healthz"))
+            .settings(quick_health)
+            .on_create(
+                ("example.com", "v1", "widgets"),
+                "create_fn",
+                |_: Ctx| async { Ok(()) },
+            )
+            .timer(
+                ("example.com", "v1", "widgets"),
+                "tick",
+                Timer::every(Duration::from_secs(60)),
+                |_: Ctx| async { Ok(()) },
+            ),
+    );
+    let text = until_answer(port, "/metrics", "the resource served", |code, body| {
+        code == 200 && body.contains("kactor_object_workers{")
+    })
+    .await;
+    let samples = parse_exposition(&text);
+    let value = |name: &str, labels: &[(&str, &str)]| -> Option<f64> {
+        samples
+            .iter()
+            .find(|s| {
+                s.name == name
+                    && s.labels.len() == labels.len()
+                    && labels.iter().all(|(k, v)| s.label(k) == Some(v))
+            })
+            .map(|s| s.value)
+    };
+    const W: &str = "widgets.v1.example.com";
+    for name in [
+        "kactor_events_received_total",
+        "kactor_object_workers",
+        "kactor_coalesced_events_total",
+        "kactor_daemons_running",
+        "kactor_timers_running",
+    ] {
+        assert_eq!(
+            value(name, &[("resource", W)]),
+            Some(0.0),
+            "{name}:\n{text}"
+        );
+    }
+    for reason in ["reconnect", "relist_410", "inactivity", "error"] {
+        let labels = [("resource", W), ("reason", reason)];
+        assert_eq!(
+            value("kactor_watch_restarts_total", &labels),
+            Some(0.0),
+            "{reason}:\n{text}"
+        );
+    }
+    for handler in ["create_fn", "tick"] {
+        for result in ["success", "temporary", "permanent", "ignored", "timeout"] {
+            let labels = [("handler", handler), ("resource", W), ("result", result)];
+            assert_eq!(
+                value("kactor_handler_runs_total", &labels),
+                Some(0.0),
+                "{handler} {result}:\n{text}"
+            );
+        }
+        let labels = [("handler", handler), ("resource", W)];
+        assert_eq!(
+            value("kactor_handler_retries_total", &labels),
+            Some(0.0),
+            "{handler}:\n{text}"
+        );
+    }
+    assert_eq!(value("kactor_active_handlers", &[]), Some(0.0));
+    assert_eq!(value("kactor_operator_paused", &[]), Some(0.0));
+    running.stop().await;
+}
+
 /// One sample of the text exposition format.
 #[derive(Debug)]
 struct Sample {

@@ -162,8 +162,12 @@ impl ResourceSupervisor {
         let status = Arc::new(WatchStatus::new());
         status.set_paused(config.start_paused);
         let entry = Some(config.watches.register(label.as_str(), status.clone()));
+        let resource_label: Arc<str> = Arc::from(config.resource.to_string());
+        config
+            .observer
+            .resource_served(&resource_label, &config.handlers);
         ResourceSupervisor {
-            resource_label: Arc::from(config.resource.to_string()),
+            resource_label,
             config,
             label,
             records: HashMap::new(),

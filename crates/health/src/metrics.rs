@@ -12,7 +12,8 @@
 use std::time::Duration;
 
 use kactor_reactor::daemons::SpawningKind;
-use kactor_reactor::observe::{HandlerRun, Observer};
+use kactor_reactor::handlers::ResourceHandlers;
+use kactor_reactor::observe::{HandlerRun, Observer, Verdict};
 use kactor_reactor::watching::RestartReason;
 use prometheus::{
     HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
@@ -209,6 +210,42 @@ impl std::fmt::Debug for Metrics {
 }
 
 impl Observer for Metrics {
+    /// Every counter and gauge of the resource and its handlers, at 0 (as controller-runtime does
+    /// for each controller): a dashboard's `rate()` and `absent()` work from the first scrape, not
+    /// only once something happened. Histograms appear with their first sample.
+    fn resource_served(&self, resource: &str, handlers: &ResourceHandlers) {
+        self.events_received
+            .with_label_values(&[resource])
+            .inc_by(0);
+        for reason in RestartReason::ALL {
+            self.watch_restarts
+                .with_label_values(&[resource, reason.as_str()])
+                .inc_by(0);
+        }
+        self.object_workers.with_label_values(&[resource]).add(0);
+        self.coalesced_events
+            .with_label_values(&[resource])
+            .inc_by(0);
+        self.daemons_running.with_label_values(&[resource]).add(0);
+        self.timers_running.with_label_values(&[resource]).add(0);
+        let ids = handlers
+            .event
+            .iter()
+            .map(|h| h.id.as_str())
+            .chain(handlers.changing.iter().map(|h| h.id.as_str()))
+            .chain(handlers.spawning.iter().map(|h| h.id.as_str()));
+        for handler in ids {
+            for verdict in Verdict::ALL {
+                self.handler_runs
+                    .with_label_values(&[resource, handler, verdict.as_str()])
+                    .inc_by(0);
+            }
+            self.handler_retries
+                .with_label_values(&[resource, handler])
+                .inc_by(0);
+        }
+    }
+
     fn events_received(&self, resource: &str, count: usize) {
         self.events_received
             .with_label_values(&[resource])
@@ -324,7 +361,6 @@ fn status_text(code: u16, digits: &mut [u8; 5]) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kactor_reactor::execution::Verdict;
     use prometheus::proto::{MetricFamily, MetricType};
 
     fn run<'a>(handler: &'a str, verdict: Verdict, attempt: u32, active: bool) -> HandlerRun<'a> {
@@ -566,6 +602,68 @@ mod tests {
         assert_eq!(
             value(&metrics, "leader_election_master_status", &leading),
             0.0
+        );
+    }
+
+    #[test]
+    fn every_counter_and_gauge_of_a_served_resource_is_at_zero_from_the_start() {
+        use kactor_reactor::handlers::{handler_fn, Ctx, EventHandler};
+        let metrics = Metrics::new().unwrap();
+        let handler = |id: &str| EventHandler {
+            id: id.into(),
+            selector: "widgets.example.com".into(),
+            filters: Default::default(),
+            param: None,
+            func: handler_fn(|_: Ctx| async { Ok(()) }),
+        };
+        let handlers = ResourceHandlers {
+            event: vec![handler("log"), handler("audit")],
+            changing: vec![],
+            spawning: vec![],
+        };
+        metrics.resource_served(W, &handlers);
+        let resource = [("resource", W)];
+        for name in [
+            "kactor_events_received_total",
+            "kactor_object_workers",
+            "kactor_coalesced_events_total",
+            "kactor_daemons_running",
+            "kactor_timers_running",
+        ] {
+            assert_eq!(value(&metrics, name, &resource), 0.0, "{name}");
+        }
+        for reason in RestartReason::ALL {
+            let labels = [("resource", W), ("reason", reason.as_str())];
+            assert_eq!(value(&metrics, "kactor_watch_restarts_total", &labels), 0.0);
+        }
+        for handler in ["log", "audit"] {
+            for verdict in Verdict::ALL {
+                let labels = [
+                    ("resource", W),
+                    ("handler", handler),
+                    ("result", verdict.as_str()),
+                ];
+                assert_eq!(value(&metrics, "kactor_handler_runs_total", &labels), 0.0);
+            }
+            let labels = [("resource", W), ("handler", handler)];
+            assert_eq!(
+                value(&metrics, "kactor_handler_retries_total", &labels),
+                0.0
+            );
+        }
+        // Served again (another namespace's supervisor): what was counted stays.
+        metrics.workers_changed(W, 2);
+        metrics.watch_restarted(W, RestartReason::Error);
+        metrics.resource_served(W, &handlers);
+        assert_eq!(value(&metrics, "kactor_object_workers", &resource), 2.0);
+        let errors = [("resource", W), ("reason", "error")];
+        assert_eq!(value(&metrics, "kactor_watch_restarts_total", &errors), 1.0);
+        let families = metrics.registry().gather();
+        assert!(
+            !families
+                .iter()
+                .any(|f| f.name() == "kactor_handler_duration_seconds"),
+            "histograms appear with their first sample"
         );
     }
 

@@ -64,6 +64,15 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// Every verdict, in a fixed order.
+    pub const ALL: [Verdict; 5] = [
+        Verdict::Success,
+        Verdict::Temporary,
+        Verdict::Permanent,
+        Verdict::Ignored,
+        Verdict::Timeout,
+    ];
+
     /// The metric label: `success`, `temporary`, `permanent`, `ignored`, `timeout`.
     pub fn as_str(self) -> &'static str {
         match self {

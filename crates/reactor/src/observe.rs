@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use crate::daemons::SpawningKind;
 pub use crate::execution::Verdict;
+use crate::handlers::ResourceHandlers;
 use crate::watching::{RestartReason, WatchStatus};
 
 /// One finished attempt of a handler (changing, event, daemon or timer).
@@ -38,6 +39,11 @@ pub struct HandlerRun<'a> {
 
 /// Hooks for metrics. Every method has an empty default.
 pub trait Observer: Send + Sync + 'static {
+    /// The operator serves `resource` (kubectl's form) with these handlers: told when its
+    /// supervisor starts (once per namespace served), before anything else about it, so that
+    /// metrics can show every series at 0 from the first scrape.
+    fn resource_served(&self, _resource: &str, _handlers: &ResourceHandlers) {}
+
     /// A watch stream of `resource` delivered `count` objects or events (a listing page, a batch).
     fn events_received(&self, _resource: &str, _count: usize) {}
 
@@ -91,6 +97,11 @@ impl Observer for NoObserver {}
 pub struct Tee(pub Vec<Arc<dyn Observer>>);
 
 impl Observer for Tee {
+    fn resource_served(&self, resource: &str, handlers: &ResourceHandlers) {
+        self.0
+            .iter()
+            .for_each(|o| o.resource_served(resource, handlers));
+    }
     fn events_received(&self, resource: &str, count: usize) {
         self.0
             .iter()

@@ -94,7 +94,8 @@ impl RestartReason {
         }
     }
 
-    const ALL: [RestartReason; 4] = [
+    /// Every reason, in a fixed order.
+    pub const ALL: [RestartReason; 4] = [
         RestartReason::Reconnect,
         RestartReason::Relist410,
         RestartReason::Inactivity,
