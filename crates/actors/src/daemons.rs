@@ -21,6 +21,11 @@
 //!   is not started again in this process (Kopf's `forever_stopped`).
 //! * Results land in `status.<id>` and patches are sent after each run; a patch that fails is kept
 //!   for the next run.
+//! * After a crash, nothing of a daemon or timer is lost but the call in flight: the next process
+//!   starts every object's daemons again from its listing (Kopf keeps no record of daemons on the
+//!   object either), and timers resume their schedule, so a timer's result or patch cut off by the
+//!   crash is made again by its next call (`tests/chaos.rs`). A daemon that had ended on its own
+//!   starts again too: that is kept in memory only, as in Kopf.
 //! * Daemons do not count against `execution.max_concurrent_handlers` (they run for the object's
 //!   life); each timer call does.
 //!
