@@ -106,24 +106,66 @@ pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let shared = shared.clone();
-                tokio::spawn(async move {
-                    let mut shutdown = shared.shutdown.clone();
-                    let service_shared = shared.clone();
-                    let service = hyper::service::service_fn(move |request| {
-                        let shared = service_shared.clone();
-                        async move { Ok::<_, Infallible>(handle(&shared, request).await) }
-                    });
-                    let connection = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-                    tokio::select! {
-                        _ = connection => {}
-                        _ = stopped(&mut shutdown) => {}
-                    }
-                });
+                tokio::spawn(serve_connection(stream, shared.clone()));
             }
             _ = stopped(&mut shutdown) => break,
         }
+    }
+}
+
+/// Serves one connection (a TCP stream, or an in-memory one) until it closes or shutdown.
+pub(crate) async fn serve_connection<IO>(io: IO, shared: Arc<Shared>)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let mut shutdown = shared.shutdown.clone();
+    let service = hyper::service::service_fn(move |request| {
+        let shared = shared.clone();
+        async move { Ok::<_, Infallible>(handle(&shared, request).await) }
+    });
+    let connection = hyper::server::conn::http1::Builder::new()
+        .serve_connection(hyper_util::rt::TokioIo::new(io), service);
+    tokio::select! {
+        _ = connection => {}
+        _ = stopped(&mut shutdown) => {}
+    }
+}
+
+/// The emulator as a tower service: each request goes over a fresh in-memory connection to the
+/// server (HTTP/1, as over TCP), with no socket and no I/O driver involved. So a client made of it
+/// works under tokio's paused time, where a real socket's wait would let the clock jump.
+#[derive(Clone)]
+pub(crate) struct InProcess(pub(crate) Arc<Shared>);
+
+/// How much an in-memory connection buffers each way before the writer waits.
+const IN_PROCESS_BUFFER: usize = 256 * 1024;
+
+impl tower_service::Service<hyper::Request<kube::client::Body>> for InProcess {
+    type Response = hyper::Response<hyper::body::Incoming>;
+    type Error = hyper::Error;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, hyper::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), hyper::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut request: hyper::Request<kube::client::Body>) -> Self::Future {
+        let shared = self.0.clone();
+        // The administrator's token, as the port's client sends it (ASCII, so always a header value).
+        let admin = HeaderValue::from_str(&format!("Bearer {}", crate::ADMIN_TOKEN))
+            .unwrap_or(HeaderValue::from_static(""));
+        request
+            .headers_mut()
+            .entry(hyper::header::AUTHORIZATION)
+            .or_insert(admin);
+        Box::pin(async move {
+            let (client, server) = tokio::io::duplex(IN_PROCESS_BUFFER);
+            tokio::spawn(serve_connection(server, shared));
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(client)).await?;
+            tokio::spawn(connection);
+            sender.send_request(request).await
+        })
     }
 }
 
