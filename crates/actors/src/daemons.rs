@@ -494,7 +494,7 @@ impl Job {
             self.memo.clone(),
             self.env.resource.clone(),
             self.env.client.clone(),
-            std::time::Instant::now(),
+            Instant::now().into_std(),
         )
         .with_patch(patch.clone())
         .with_events(self.env.poster.clone())

@@ -19,7 +19,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use actix::prelude::*;
 use kactor_reactor::handlers::{Memo, ResourceHandlers};

@@ -33,7 +33,7 @@
 //! (the supervisor is the only sender, so none is in flight).
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use actix::prelude::*;
 use kactor_reactor::daemons::StopReason;
@@ -44,6 +44,7 @@ use kactor_reactor::processing::{
 use kactor_reactor::watching::EventType;
 use kube::api::DynamicObject;
 use tokio::runtime::Handle;
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::daemons::{DaemonEnv, ObjectDaemons, Report, Reporter};

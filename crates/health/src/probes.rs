@@ -11,13 +11,14 @@
 //! successes, so a failing probe is not hammered by every kubelet request.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::future::join_all;
 use kactor_reactor::execution::panic_message;
 use kactor_reactor::handlers::{ActivityCtx, Probe};
 use serde_json::{Map, Value};
 use tokio::runtime::Handle;
+use tokio::time::Instant;
 
 use crate::checks::seconds;
 

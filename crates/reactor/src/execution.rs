@@ -15,9 +15,10 @@
 //! as Kubernetes Events about the object.
 
 use std::panic::AssertUnwindSafe;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::FutureExt;
+use tokio::time::Instant;
 
 use crate::handlers::{Ctx, ErrorsMode, HandlerError, HandlerFn};
 use crate::observe::{ActiveHandler, HandlerRun, Observer};

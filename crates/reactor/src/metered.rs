@@ -10,9 +10,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use kube::client::Body;
+use tokio::time::Instant;
 use tower_layer::Layer;
 
 use crate::observe::Observer;

@@ -39,12 +39,13 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use jiff::Timestamp;
 use kube::api::DynamicObject;
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
+use tokio::time::Instant;
 
 use crate::causes::{self, ChangingCause, Reason};
 use crate::diffbase::DiffBaseStorage;
@@ -248,7 +249,7 @@ impl Processor {
             event.memo.clone(),
             self.resource.clone(),
             self.client.clone(),
-            event.received,
+            event.received.into_std(),
         )
         .with_patch(patch.clone())
         .with_events(self.poster.clone());

@@ -25,11 +25,12 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use kube::api::{Api, DynamicObject, ListParams, WatchEvent, WatchParams};
+use tokio::time::Instant;
 
 use crate::observe::{NoObserver, Observer};
 use crate::settings::{Networking, Watching};
@@ -104,9 +105,12 @@ impl RestartReason {
 }
 
 /// A watcher's health, shared with whoever reports it (health probes, metrics). Cheap to read.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct WatchStatus {
-    /// Milliseconds since the epoch of the last response, event or bookmark.
+    /// When the status was made: the origin of `last_activity_ms` (on tokio's clock, as every
+    /// deadline of the operator).
+    origin: Instant,
+    /// Milliseconds since `origin` of the last response, event or bookmark.
     last_activity_ms: AtomicU64,
     /// Whether the initial listing has completed once.
     listed: AtomicBool,
@@ -120,19 +124,33 @@ pub struct WatchStatus {
     paused: AtomicBool,
 }
 
+impl Default for WatchStatus {
+    fn default() -> Self {
+        WatchStatus::new()
+    }
+}
+
 impl WatchStatus {
     /// A status whose silence clock starts now.
     pub fn new() -> Self {
-        let status = WatchStatus::default();
-        status.touch();
-        status
+        WatchStatus {
+            origin: Instant::now(),
+            last_activity_ms: AtomicU64::new(0),
+            listed: AtomicBool::default(),
+            restarts: Default::default(),
+            received: AtomicU64::default(),
+            failing: Mutex::default(),
+            paused: AtomicBool::default(),
+        }
+    }
+
+    fn since_origin_ms(&self) -> u64 {
+        self.origin.elapsed().as_millis() as u64
     }
 
     fn touch(&self) {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        self.last_activity_ms.store(now, Ordering::Relaxed);
+        self.last_activity_ms
+            .store(self.since_origin_ms(), Ordering::Relaxed);
     }
 
     fn restarted(&self, reason: RestartReason) {
@@ -162,10 +180,7 @@ impl WatchStatus {
     /// How long ago the stream last showed life (a response, an event, a bookmark).
     pub fn idle_for(&self) -> Duration {
         let last = self.last_activity_ms.load(Ordering::Relaxed);
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        Duration::from_millis(now.saturating_sub(last))
+        Duration::from_millis(self.since_origin_ms().saturating_sub(last))
     }
 
     /// Whether the initial listing has completed at least once.
