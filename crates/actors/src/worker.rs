@@ -39,7 +39,8 @@ use actix::prelude::*;
 use kactor_reactor::daemons::StopReason;
 use kactor_reactor::handlers::Memo;
 use kactor_reactor::processing::{
-    Cycle, DaemonsView, Event, ObjectMemory, ProcessingError, Processor, SpawnDecision,
+    Cycle, DaemonsView, Event, Next, ObjectMemory, ProcessingError, Processor, SpawnDecision,
+    Written,
 };
 use kactor_reactor::watching::EventType;
 use kube::api::DynamicObject;
@@ -482,10 +483,13 @@ impl Handler<CycleDone> for ObjectWorker {
             }
         };
         self.throttle_step = 0;
-        if cycle.patched {
-            self.expect(cycle.resource_version);
+        match cycle.written {
+            Written::Version(version) => self.expect(Some(version)),
+            Written::Unversioned => self.expect(None),
+            Written::Nothing | Written::Gone => {}
         }
-        if self.paused && (cycle.delay.is_some() || cycle.awaiting_consistency) {
+        let scheduled = matches!(cycle.next, Next::AwaitOwnPatch | Next::RetryAfter(_));
+        if self.paused && scheduled {
             self.mark_interrupted();
         }
         if self.stopping || self.paused || self.pending.is_some() {
@@ -494,18 +498,19 @@ impl Handler<CycleDone> for ObjectWorker {
         if std::mem::take(&mut self.recheck) {
             return self.rerun(ctx);
         }
-        if cycle.awaiting_consistency {
-            let wait = self
-                .expected
-                .as_ref()
-                .map_or(Duration::ZERO, |(_, deadline)| {
-                    deadline.saturating_duration_since(Instant::now())
-                });
-            return self.rerun_after(wait, ctx);
-        }
-        match cycle.delay {
-            Some(delay) => self.touch_after(delay, ctx),
-            None => self.settle(ctx),
+        match cycle.next {
+            Next::AwaitOwnPatch => {
+                let wait = self
+                    .expected
+                    .as_ref()
+                    .map_or(Duration::ZERO, |(_, deadline)| {
+                        deadline.saturating_duration_since(Instant::now())
+                    });
+                self.rerun_after(wait, ctx);
+            }
+            Next::RetryAfter(delay) => self.touch_after(delay, ctx),
+            // The last daemon's report runs the cycle again (`recheck`, or a rerun).
+            Next::AwaitDaemons | Next::Idle => self.settle(ctx),
         }
     }
 }

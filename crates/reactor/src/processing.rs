@@ -1,21 +1,29 @@
 //! Processing: one cycle of one object, from an event to one combined patch (`reference/kopf.md` §4,
 //! "Processing one event"; Kopf's `process_resource_event`).
 //!
-//! **Expected flow** of [`Processor::process`]:
-//! 1. the essence of the body and the stored diff-base give the diff and the changing cause;
-//! 2. `on_event` handlers run (errors are logged and ignored, no progress is kept);
-//! 3. the finalizer is added when a handler needs it and removed when none does (a cycle that does
-//!    either runs no changing handlers: the patch's own event starts the next cycle);
-//! 4. the changing handlers run if the object is consistent (our last patch came back), per the
-//!    lifecycle, with their progress read from and written to the object's annotations;
-//! 5. a cause that spans several cycles (a retry, a delay) keeps the essence it started from, in the
-//!    worker's memory and on the object ([`crate::diffbase::CAUSE_BASE_KEY`], written with the
-//!    progress), for the cycles and restarts to come;
-//! 6. once every handler of the cause is done, progress is purged and the diff-base written: the
-//!    essence the cause started from, not the newest; during a deletion, the finalizer is released;
-//! 7. everything goes out as one combined patch ([`crate::patches::apply`]): the results first,
-//!    then the progress and the diff-base; the returned [`Cycle`] tells the worker when to come
-//!    back (a retry delay) and which version to wait for.
+//! **Expected flow** of [`Processor::process`], as Kopf's `processing.py`, one named step each:
+//! 1. `run_event_handlers`: `on_event` handlers run (errors are logged and ignored, no progress is
+//!    kept);
+//! 2. `process_spawning`: which daemons and timers should run now (none during a deletion), told
+//!    to the worker before the changing handlers run;
+//! 3. `detect_causes`: the essence of the body and the stored diff-base give the diff and the
+//!    changing cause;
+//! 4. `decide_finalizer`: the finalizer is added when a handler needs it and removed when none does
+//!    (a cycle that does either runs no changing handlers: the patch's own event starts the next);
+//! 5. `process_changing`: the changing handlers run if the object is consistent (our last patch came
+//!    back), per the lifecycle, with their progress read from and written to the object's
+//!    annotations. A cause that spans several cycles (a retry, a delay) keeps the essence it started
+//!    from, in the worker's memory and on the object ([`crate::diffbase::CAUSE_BASE_KEY`], written
+//!    with the progress), for the cycles and restarts to come. Once every handler of the cause is
+//!    done, progress is purged and the diff-base written: the essence the cause started from, not
+//!    the newest;
+//! 6. `release_finalizer`: during a deletion, the finalizer goes once no handler is pending and no
+//!    daemon or timer still stops;
+//! 7. `apply_patch`: everything goes out as one combined patch ([`crate::patches::apply`]): the
+//!    results first, then the progress and the diff-base.
+//!
+//! The returned [`Cycle`] says what was [`Written`] (the version to wait for) and the one [`Next`]
+//! thing the worker does: idle, await our own patch, retry after a delay, or await daemons.
 //!
 //! **Guarantees** (at least once: a handler may run again after a crash, nothing is lost)
 //! * A handler's result is never lost: it is stored before the record of the handler's success, so
@@ -159,20 +167,134 @@ pub struct SpawnDecision {
     pub essential_change: bool,
 }
 
-/// What a cycle came to.
+/// The last handled essence (the diff-base), the current one, and the diff between them.
+type Essence = (Option<Value>, Value, Diff);
+
+/// Where the object is in its life, as this cycle's event shows it.
+struct Lifecycle {
+    /// The deletion was requested (a deletion timestamp).
+    deletion_ongoing: bool,
+    /// Our finalizer holds the object.
+    deletion_blocked: bool,
+    /// The object is gone (a `DELETED` event): nothing can be written any more.
+    deleted: bool,
+}
+
+impl Lifecycle {
+    fn of(event: &Event, finalizer: &str) -> Self {
+        Lifecycle {
+            deletion_ongoing: finalizers::is_deletion_ongoing(&event.body),
+            deletion_blocked: finalizers::is_deletion_blocked(&event.body, finalizer),
+            deleted: event.event_type == EventType::Deleted,
+        }
+    }
+}
+
+/// What the cycle found of the object's daemons and timers.
 #[derive(Debug, Default)]
+struct Spawning {
+    /// Some daemon or timer should run now.
+    wanted: bool,
+    /// Some daemon or timer still runs (and holds the finalizer).
+    blocking: bool,
+}
+
+/// How the changing handlers' part of a cycle went.
+#[derive(Debug)]
+enum Changing {
+    /// No cause to handle, or it waits for the finalizer's patch.
+    NotRun,
+    /// The body is not consistent yet: the handlers wait for our last patch to come back.
+    AwaitOwnPatch,
+    /// The handlers ran; those still pending come back after these delays (none: the cause is done).
+    Ran { delays: Vec<Duration> },
+}
+
+/// Where a cause stands after a cycle.
+struct CauseProgress {
+    /// Every handler of the cause is done (or there was none): the diff-base is stored.
+    done: bool,
+    /// The delays of the handlers still pending.
+    delays: Vec<Duration>,
+    /// The essence the cause started from.
+    base: Option<Value>,
+}
+
+/// What the worker does next, from what the cycle wrote and how its handlers went.
+fn next_step(written: &Written, changing: &Changing, awaiting_daemons: bool) -> Next {
+    match changing {
+        Changing::AwaitOwnPatch => return Next::AwaitOwnPatch,
+        Changing::Ran { delays } => {
+            if let Some(delay) = delays.iter().min() {
+                if *written == Written::Nothing {
+                    return Next::RetryAfter((*delay).min(WAITING_KEEPALIVE_INTERVAL));
+                }
+                tracing::debug!(
+                    "Sleeping was skipped because of the patch, {} seconds left.",
+                    delay.as_secs_f64()
+                );
+            } else {
+                tracing::debug!("Handling cycle is finished, waiting for new changes.");
+            }
+        }
+        Changing::NotRun => {}
+    }
+    if awaiting_daemons {
+        Next::AwaitDaemons
+    } else {
+        Next::Idle
+    }
+}
+
+/// What a cycle came to: what it wrote, and what the worker does next. The worker matches on
+/// [`Next`]; no two of its variants can hold at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cycle {
-    /// Come back after this long, and touch the object to do so, unless an event comes first.
-    pub delay: Option<Duration>,
-    /// Changing handlers are waiting for our last patch to come back.
-    pub awaiting_consistency: bool,
-    /// The version our patch produced (None: nothing was patched, or it will never arrive).
-    pub resource_version: Option<String>,
-    /// The object was patched.
-    pub patched: bool,
-    /// The object is being deleted and its finalizer is kept only for daemons or timers still
-    /// stopping: the cycle must run again once they have stopped.
-    pub awaiting_daemons: bool,
+    /// What the cycle's patch did to the object.
+    pub written: Written,
+    /// What comes next for the object.
+    pub next: Next,
+}
+
+impl Default for Cycle {
+    fn default() -> Self {
+        Cycle {
+            written: Written::Nothing,
+            next: Next::Idle,
+        }
+    }
+}
+
+/// What a cycle's patch did to the object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Written {
+    /// Nothing was sent.
+    Nothing,
+    /// The patch was sent, but the object was gone.
+    Gone,
+    /// Our patch made this version: changing handlers wait until the watch brings it (a version
+    /// ending in `~which~never~arrives` when the finalizer was released, as Kopf marks it: the
+    /// object is about to vanish and the wait lasts until the consistency timeout).
+    Version(String),
+    /// The patch was sent, and the answer carried no version to wait for.
+    Unversioned,
+}
+
+/// What the worker does after a cycle (in the spirit of kube-runtime's `Action`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Nothing is scheduled: the next event starts the next cycle.
+    Idle,
+    /// Changing handlers did not run: they wait until our last patch comes back through the watch,
+    /// or until the consistency deadline; then the cycle runs again on what it has.
+    AwaitOwnPatch,
+    /// Handlers are delayed (a retry): sleep this long (at most [`WAITING_KEEPALIVE_INTERVAL`]),
+    /// then touch the object, whose event starts the next cycle. Only when nothing was written (a
+    /// written patch's own event comes back sooner).
+    RetryAfter(Duration),
+    /// The object is being deleted and its finalizer stays only for daemons or timers still
+    /// stopping: the cycle runs again once the last of them has stopped.
+    AwaitDaemons,
 }
 
 /// Why a cycle failed.
@@ -228,7 +350,8 @@ impl Processor {
         self
     }
 
-    /// Runs one cycle (see the module's documentation).
+    /// Runs one cycle (see the module's documentation): Kopf's `process_resource_event`, as named
+    /// steps.
     pub async fn process(
         &self,
         mut event: Event,
@@ -239,13 +362,13 @@ impl Processor {
             memory.noticed_by_listing = true;
         }
         memory.interrupted = false;
-        let body = event.body.clone();
         let patch = Patch::new();
+        // Transformations that met a conflict go first; changing handlers wait until they are out.
         patch.extend_fns(std::mem::take(&mut memory.remaining));
-        let patch_initially_empty = patch.is_empty();
+        let leftovers = !patch.is_empty();
         let base = Ctx::new(
             event.event_type,
-            body.clone(),
+            event.body.clone(),
             event.memo.clone(),
             self.resource.clone(),
             self.client.clone(),
@@ -253,173 +376,246 @@ impl Processor {
         )
         .with_patch(patch.clone())
         .with_events(self.poster.clone());
-        let mut cycle = Cycle::default();
+        let object = Lifecycle::of(&event, &self.settings.persistence.finalizer);
 
         self.run_event_handlers(&base).await;
+        let essence = self
+            .needs_essence(&event)
+            .then(|| self.essence(&event.body, memory));
+        let spawning = self.process_spawning(
+            event.daemons.take(),
+            &base,
+            essence.as_ref(),
+            &object,
+            memory,
+        );
+        let mut cause = self.detect_causes(&base, essence, memory);
+        if self.decide_finalizer(&patch, &object, &spawning, cause.as_ref()) {
+            // The finalizer's own patch comes back as an event: the cause is handled then.
+            cause = None;
+        }
+        let changing = match &cause {
+            Some(ctx) => {
+                self.process_changing(ctx, event.consistent, leftovers, memory, now, &spawning)
+                    .await
+            }
+            None => Changing::NotRun,
+        };
+        let awaiting_daemons = self.release_finalizer(&patch, &object, &spawning, &changing);
+        if object.deleted {
+            return Ok(Cycle::default());
+        }
+        let written = self.apply_patch(&event.body, &patch, memory).await?;
+        Ok(Cycle {
+            next: next_step(&written, &changing, awaiting_daemons),
+            written,
+        })
+    }
 
-        let finalizer = self.settings.persistence.finalizer.as_str();
-        let deletion_ongoing = finalizers::is_deletion_ongoing(&body);
-        let deletion_blocked = finalizers::is_deletion_blocked(&body, finalizer);
-        let deleted = event.event_type == EventType::Deleted;
-        let essence = if self.handlers.changing.is_empty() && event.daemons.is_none() {
-            None
+    /// Whether the cycle needs the object's essence: for changing handlers (their causes) and for
+    /// daemons and timers (an essential change restarts the idle clock of timers).
+    fn needs_essence(&self, event: &Event) -> bool {
+        !self.handlers.changing.is_empty() || event.daemons.is_some()
+    }
+
+    /// Kopf's `process_spawning_cause`, its decision part: which daemons and timers should run
+    /// now. They are decided before the changing handlers run (they live throughout the object's
+    /// life), none while the object is being deleted (they stop as soon as the deletion starts).
+    fn process_spawning(
+        &self,
+        view: Option<DaemonsView>,
+        base: &Ctx,
+        essence: Option<&Essence>,
+        object: &Lifecycle,
+        memory: &mut ObjectMemory,
+    ) -> Spawning {
+        let (Some(view), Some((old, new, diff))) = (view, essence) else {
+            return Spawning::default();
+        };
+        let deletion = object.deletion_ongoing || object.deleted;
+        let wanted: Vec<usize> = if deletion {
+            Vec::new()
         } else {
-            Some(self.essence(&body, memory))
-        };
-
-        // Daemons and timers are decided before the changing handlers run (they live throughout the
-        // object's life), and stopped as soon as the deletion starts.
-        let mut daemons_wanted = false;
-        let mut daemons_blocking = false;
-        if let (Some(view), Some((old, new, diff))) = (event.daemons.take(), &essence) {
-            let deletion = deletion_ongoing || deleted;
-            let wanted: Vec<usize> = if deletion {
-                Vec::new()
-            } else {
-                self.handlers
-                    .spawning
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, h)| {
-                        !view.excluded.contains(&h.id) && h.filters.matches(&base, false)
-                    })
-                    .map(|(index, _)| index)
-                    .collect()
-            };
-            daemons_wanted = !wanted.is_empty();
-            daemons_blocking = view.blocking;
-            let essential_change = if old.is_some() {
-                !diff.is_empty()
-            } else {
-                // No diff-base (Kopf resets the idle clock on every event then): compare with the
-                // essence of the previous event instead, so a timer's own status patch is quiet.
-                let hash = hash_of(new);
-                memory.seen_essence.replace(hash) != Some(hash)
-            };
-            (view.decide)(SpawnDecision {
-                wanted,
-                deletion,
-                essential_change,
-            });
-        }
-
-        let mut cause = match essence {
-            Some((old, new, diff)) if !self.handlers.changing.is_empty() => {
-                Some(self.detect(&event, memory, old, new, diff))
-            }
-            _ => None,
-        };
-        let mut cause_ctx = None;
-        if let Some(detected) = cause.take() {
-            let ctx = base.clone().with_cause(Arc::new(detected));
-            let prematched = self
-                .handlers
-                .changing
+            self.handlers
+                .spawning
                 .iter()
-                .any(|h| h.filters.prematch(&ctx));
-            if prematched {
-                cause_ctx = Some(ctx);
-            }
-        }
+                .enumerate()
+                .filter(|(_, h)| !view.excluded.contains(&h.id) && h.filters.matches(base, false))
+                .map(|(index, _)| index)
+                .collect()
+        };
+        let essential_change = if old.is_some() {
+            !diff.is_empty()
+        } else {
+            // No diff-base (Kopf resets the idle clock on every event then): compare with the
+            // essence of the previous event instead, so a timer's own status patch is quiet.
+            let hash = hash_of(new);
+            memory.seen_essence.replace(hash) != Some(hash)
+        };
+        let spawning = Spawning {
+            wanted: !wanted.is_empty(),
+            blocking: view.blocking,
+        };
+        (view.decide)(SpawnDecision {
+            wanted,
+            deletion,
+            essential_change,
+        });
+        spawning
+    }
 
-        // Daemons and timers hold the finalizer while they should run and while they still run.
-        let must_block = daemons_wanted
-            || daemons_blocking
-            || cause_ctx.as_ref().is_some_and(|ctx| {
+    /// Kopf's cause detection: the changing cause of this event, in its context, if some changing
+    /// handler could match it (a cheap pre-match on the filters that need no cause).
+    fn detect_causes(
+        &self,
+        base: &Ctx,
+        essence: Option<Essence>,
+        memory: &ObjectMemory,
+    ) -> Option<Ctx> {
+        if self.handlers.changing.is_empty() {
+            return None;
+        }
+        let (old, new, diff) = essence?;
+        let cause = causes::detect(
+            base.event_type,
+            &base.body,
+            &self.settings.persistence.finalizer,
+            old,
+            Some(new),
+            diff,
+            memory.noticed_by_listing && !memory.fully_handled_once,
+        );
+        let ctx = base.clone().with_cause(Arc::new(cause));
+        self.handlers
+            .changing
+            .iter()
+            .any(|h| h.filters.prematch(&ctx))
+            .then_some(ctx)
+    }
+
+    /// Adds the finalizer when something needs it (a delete handler that may run, a daemon or timer
+    /// that should run or still runs) and removes it when nothing does. Returns whether it did
+    /// either: the changing handlers then wait for the patch's own event.
+    fn decide_finalizer(
+        &self,
+        patch: &Patch,
+        object: &Lifecycle,
+        spawning: &Spawning,
+        cause: Option<&Ctx>,
+    ) -> bool {
+        let must_block = spawning.wanted
+            || spawning.blocking
+            || cause.is_some_and(|ctx| {
                 self.handlers
                     .changing
                     .iter()
                     .any(|h| h.requires_finalizer && h.filters.prematch(ctx))
             });
-        if must_block && !deletion_blocked && !deletion_ongoing {
+        let finalizer = self.settings.persistence.finalizer.clone();
+        if must_block && !object.deletion_blocked && !object.deletion_ongoing {
             tracing::debug!("Adding the finalizer, thus preventing the actual deletion.");
-            let finalizer = finalizer.to_string();
             patch.transform(move |b| finalizers::block_deletion(b, &finalizer));
-            cause_ctx = None;
+            return true;
         }
-        if !must_block && deletion_blocked {
+        if !must_block && object.deletion_blocked {
             tracing::debug!("Removing the finalizer, as there are no handlers requiring it.");
-            let finalizer = finalizer.to_string();
             patch.transform(move |b| finalizers::allow_deletion(b, &finalizer));
-            cause_ctx = None;
+            return true;
         }
-
-        let mut delays = Vec::new();
-        let mut matched = false;
-        if let Some(ctx) = &cause_ctx {
-            let reason = ctx.reason().unwrap_or(Reason::Noop);
-            let consistent = event.consistent || reason == Reason::Gone;
-            if !(consistent && patch_initially_empty) {
-                cycle.awaiting_consistency = true;
-            } else {
-                matched = true;
-                delays = self.run_changing(ctx, memory, now, daemons_blocking).await;
-            }
-        }
-
-        if !deleted && deletion_ongoing && deletion_blocked && daemons_blocking {
-            tracing::debug!("Daemons and timers are still stopping; the finalizer stays.");
-            cycle.awaiting_daemons = true;
-        } else if !deleted
-            && deletion_ongoing
-            && deletion_blocked
-            && delays.is_empty()
-            && !cycle.awaiting_consistency
-        {
-            tracing::debug!("Removing the finalizer, thus allowing the actual deletion.");
-            let finalizer = finalizer.to_string();
-            patch.transform(move |b| finalizers::allow_deletion(b, &finalizer));
-        }
-        if deleted {
-            return Ok(cycle);
-        }
-
-        let delay = delays.into_iter().min();
-        let patched = !patch.is_empty();
-        if patched {
-            let mut changes = patch.take();
-            let mut merge = Value::Object(std::mem::take(&mut changes.merge));
-            self.progress.clear_touch(&body, &mut merge);
-            if let Value::Object(map) = merge {
-                changes.merge = map;
-            }
-            // Patches share the handlers' limit: a listing of thousands of objects must not open
-            // thousands of connections to the API server at once.
-            let _permit = self.limiter.acquire().await;
-            let applied = patches::apply(
-                &self.client,
-                &self.resource,
-                &body,
-                changes,
-                &self.settings.networking.error_backoffs,
-            )
-            .await?;
-            memory.remaining = applied.remaining;
-            cycle.patched = !applied.gone;
-            cycle.resource_version = match (applied.gone, applied.released) {
-                (true, _) => None,
-                // The object is about to vanish: its next version never arrives, so changing
-                // handlers wait out the consistency timeout (or the deletion) instead of running
-                // on the stale events of our own intermediate requests (Kopf's trick, same words).
-                (false, true) => applied
-                    .resource_version
-                    .map(|rv| format!("{rv}~which~never~arrives")),
-                (false, false) => applied.resource_version,
-            };
-            if let Some(delay) = delay {
-                tracing::debug!(
-                    "Sleeping was skipped because of the patch, {} seconds left.",
-                    delay.as_secs_f64()
-                );
-            }
-        } else if let Some(delay) = delay {
-            cycle.delay = Some(delay.min(WAITING_KEEPALIVE_INTERVAL));
-        } else if matched {
-            tracing::debug!("Handling cycle is finished, waiting for new changes.");
-        }
-        Ok(cycle)
+        false
     }
 
+    /// Kopf's `process_changing_cause`, guarded: the handlers run only on a consistent body (our
+    /// last patch came back, or the wait for it timed out) and once leftover transformations are
+    /// out, so that they never act on a state older than what we wrote.
+    async fn process_changing(
+        &self,
+        ctx: &Ctx,
+        consistent: bool,
+        leftovers: bool,
+        memory: &mut ObjectMemory,
+        now: Timestamp,
+        spawning: &Spawning,
+    ) -> Changing {
+        let gone = ctx.reason() == Some(Reason::Gone);
+        if !(consistent || gone) || leftovers {
+            return Changing::AwaitOwnPatch;
+        }
+        let delays = self.run_changing(ctx, memory, now, spawning.blocking).await;
+        Changing::Ran { delays }
+    }
+
+    /// During a deletion, releases the finalizer once nothing holds it: no changing handler is
+    /// pending and no daemon or timer still stops. Returns whether the release waits for daemons.
+    fn release_finalizer(
+        &self,
+        patch: &Patch,
+        object: &Lifecycle,
+        spawning: &Spawning,
+        changing: &Changing,
+    ) -> bool {
+        if object.deleted || !object.deletion_ongoing || !object.deletion_blocked {
+            return false;
+        }
+        if spawning.blocking {
+            tracing::debug!("Daemons and timers are still stopping; the finalizer stays.");
+            return true;
+        }
+        let pending = match changing {
+            Changing::AwaitOwnPatch => true,
+            Changing::Ran { delays } => !delays.is_empty(),
+            Changing::NotRun => false,
+        };
+        if !pending {
+            tracing::debug!("Removing the finalizer, thus allowing the actual deletion.");
+            let finalizer = self.settings.persistence.finalizer.clone();
+            patch.transform(move |b| finalizers::allow_deletion(b, &finalizer));
+        }
+        false
+    }
+
+    /// Kopf's `apply_reaction_outcomes`: everything the cycle gathered goes out as one combined
+    /// patch per target ([`patches::apply`]: the results first, then the progress and the
+    /// diff-base), minus the touch annotation of an earlier sleep. Returns what it wrote.
+    async fn apply_patch(
+        &self,
+        body: &DynamicObject,
+        patch: &Patch,
+        memory: &mut ObjectMemory,
+    ) -> Result<Written, ProcessingError> {
+        if patch.is_empty() {
+            return Ok(Written::Nothing);
+        }
+        let mut changes = patch.take();
+        let mut merge = Value::Object(std::mem::take(&mut changes.merge));
+        self.progress.clear_touch(body, &mut merge);
+        if let Value::Object(map) = merge {
+            changes.merge = map;
+        }
+        // Patches share the handlers' limit: a listing of thousands of objects must not open
+        // thousands of connections to the API server at once.
+        let _permit = self.limiter.acquire().await;
+        let applied = patches::apply(
+            &self.client,
+            &self.resource,
+            body,
+            changes,
+            &self.settings.networking.error_backoffs,
+        )
+        .await?;
+        memory.remaining = applied.remaining;
+        Ok(
+            match (applied.gone, applied.released, applied.resource_version) {
+                (true, _, _) => Written::Gone,
+                (false, _, None) => Written::Unversioned,
+                // The object is about to vanish: its next version never arrives, so changing handlers
+                // wait out the consistency timeout (or the deletion) instead of running on the stale
+                // events of our own intermediate requests (Kopf's trick, same words).
+                (false, true, Some(rv)) => Written::Version(format!("{rv}~which~never~arrives")),
+                (false, false, Some(rv)) => Written::Version(rv),
+            },
+        )
+    }
     /// Touches the object (the touch annotation set to now) so that its next event starts a cycle
     /// after a fully slept delay. Returns the new version.
     pub async fn touch(&self, body: &DynamicObject) -> Result<Option<String>, ProcessingError> {
@@ -442,7 +638,7 @@ impl Processor {
     }
 
     /// The last handled essence (the diff-base), the current one, and the diff between them.
-    fn essence(&self, body: &DynamicObject, memory: &ObjectMemory) -> (Option<Value>, Value, Diff) {
+    fn essence(&self, body: &DynamicObject, memory: &ObjectMemory) -> Essence {
         let old = self
             .diffbase
             .fetch(body)
@@ -451,26 +647,6 @@ impl Processor {
         let new = self.diffbase.essence(body, &self.extra_fields);
         let diff = diffs::diff(old.as_ref(), Some(&new));
         (old, new, diff)
-    }
-
-    fn detect(
-        &self,
-        event: &Event,
-        memory: &ObjectMemory,
-        old: Option<Value>,
-        new: Value,
-        diff: Diff,
-    ) -> ChangingCause {
-        let body = &event.body;
-        causes::detect(
-            event.event_type,
-            body,
-            &self.settings.persistence.finalizer,
-            old,
-            Some(new),
-            diff,
-            memory.noticed_by_listing && !memory.fully_handled_once,
-        )
     }
 
     async fn run_event_handlers(&self, base: &Ctx) {
@@ -509,7 +685,8 @@ impl Processor {
         }
     }
 
-    /// Kopf's `process_changing_cause`: returns the delays of the handlers still pending.
+    /// Kopf's `process_changing_cause`: runs the cause's handlers that are due, and once the cause
+    /// is done, stores the diff-base. Returns the delays of the handlers still pending.
     ///
     /// `daemons_running`: the object's daemons or timers are still stopping. A finished deletion
     /// then keeps its progress (the handlers' successes) until the cycle that releases the
@@ -524,163 +701,27 @@ impl Processor {
         let Some(cause) = ctx.cause() else {
             return Vec::new();
         };
-        let reason = cause.reason;
-        let body = ctx.body.clone();
-        let patch = ctx.patch();
-        let mut done_or_skipped = false;
-        let mut delays = Vec::new();
-        let mut base: Option<Value> = None;
-
-        if reason.has_handlers() {
-            let title = reason.title();
-            let owned: Vec<&str> = self
-                .handlers
-                .changing
-                .iter()
-                .map(|h| h.id.as_str())
-                .collect();
-            let cause_handlers: Vec<&ChangingHandler> = self
-                .handlers
-                .changing
-                .iter()
-                .filter(|h| h.matches(ctx))
-                .collect();
-            let cause_ids: Vec<&str> = cause_handlers.iter().map(|h| h.id.as_str()).collect();
-            let state = State::from_storage(&body, &self.progress, owned.iter().copied(), now);
-            // The essence this cause started from: kept from its first cycle while its progress
-            // is on the object, else this cycle's.
-            let continued = state
-                .iter()
-                .any(|(_, s)| s.purpose.as_deref() == Some(reason.as_str()));
-            let remembered = memory.cause_base.take().filter(|(r, _)| *r == reason);
-            base = continued
-                .then(|| {
-                    remembered
-                        .map(|(_, essence)| essence)
-                        .or_else(|| self.diffbase.fetch_cause_base(&body))
-                })
-                .flatten()
-                .or_else(|| cause.new.as_deref().cloned());
-            let mut state = state
-                .with_purpose(reason.as_str(), [])
-                .with_handlers(cause_ids.iter().copied(), now);
-            let extras = state.extras();
-            for (purpose, counts) in &extras {
-                tracing::info!(
-                    "{} is superseded by {}: {} succeeded; {} failed; {} left to the moment.",
-                    capitalize(&Reason::title_of(purpose)),
-                    title,
-                    counts.success,
-                    counts.failure,
-                    counts.running
-                );
-                state = state.with_purpose(reason.as_str(), cause_ids.iter().copied());
+        let progress = if cause.reason.has_handlers() {
+            self.handle_cause(ctx, cause, memory, now, daemons_running)
+                .await
+        } else {
+            CauseProgress {
+                done: true,
+                delays: Vec::new(),
+                base: None,
             }
-            let mut merge = json!({});
-            if !extras.is_empty() {
-                state.purge(&body, &self.progress, owned.iter().copied(), &mut merge);
-            }
-            tracing::debug!("{} is in progress.", capitalize(title));
-
-            if cause_handlers.is_empty() {
-                self.diffbase.clear_cause_base(&body, &mut merge);
-                done_or_skipped = true;
-            } else {
-                let awakened: Vec<&ChangingHandler> = cause_handlers
-                    .iter()
-                    .copied()
-                    .filter(|h| state.get(&h.id).is_some_and(|s| s.awakened(now)))
-                    .collect();
-                let retries: Vec<u32> = awakened
-                    .iter()
-                    .map(|h| state.get(&h.id).map_or(0, |s| s.retries))
-                    .collect();
-                let plan = self.settings.execution.lifecycle.plan(&retries);
-                let mut outcomes: Vec<(String, Outcome)> = Vec::new();
-                for index in plan {
-                    let handler = awakened[index];
-                    let Some(handler_state) = state.get(&handler.id) else {
-                        continue;
-                    };
-                    let (attempts, runtime, started) = (
-                        handler_state.retries,
-                        handler_state.runtime(now),
-                        handler_state.started,
-                    );
-                    let attempt = attempt_for(handler, cause, attempts, runtime, started);
-                    let invocation = Invocation {
-                        id: &handler.id,
-                        func: &handler.func,
-                        errors: handler.options.errors.unwrap_or_default(),
-                        backoff: handler
-                            .options
-                            .backoff
-                            .unwrap_or(self.settings.execution.default_backoff),
-                        timeout: handler.options.timeout,
-                        retries: handler.options.retries,
-                        post_events: true,
-                        resource: &self.label,
-                        observer: &*self.observer,
-                        active: true,
-                    };
-                    let Ok(_permit) = self.limiter.acquire().await else {
-                        break;
-                    };
-                    let (outcome, _) = execute_once(
-                        &invocation,
-                        ctx.clone().with_attempt(attempt),
-                        attempts,
-                        runtime,
-                    )
-                    .await;
-                    outcomes.push((handler.id.clone(), outcome));
-                }
-                let finished_at = Timestamp::now();
-                state = state
-                    .with_outcomes(outcomes.iter().map(|(id, o)| (id.as_str(), o)), finished_at);
-                state.store(&self.progress, &mut merge);
-                for (id, outcome) in &outcomes {
-                    deliver_result(patch, id, outcome);
-                }
-                if state.done() {
-                    let counts = state.counts();
-                    tracing::info!(
-                        "{} is processed: {} succeeded; {} failed.",
-                        capitalize(title),
-                        counts.success,
-                        counts.failure
-                    );
-                    if !(reason == Reason::Delete && daemons_running) {
-                        state.purge(&body, &self.progress, owned.iter().copied(), &mut merge);
-                        self.diffbase.clear_cause_base(&body, &mut merge);
-                    }
-                    done_or_skipped = true;
-                } else {
-                    delays = state.delays(finished_at);
-                    if let Some(base) = &base {
-                        // Kept for the cycles to come, and on the object with the progress, for a
-                        // restart; too large for the annotations, the memory keeps it alone.
-                        memory.cause_base = Some((reason, base.clone()));
-                        if self.diffbase.fetch_cause_base(&body).as_ref() != Some(base) {
-                            let _ = self.diffbase.store_cause_base(&body, base, &mut merge);
-                        }
-                    }
-                }
-            }
-            patch.merge(merge);
-        }
-
-        if done_or_skipped {
+        };
+        if progress.done {
             // What the cause's handlers saw: the essence it started from. A change that arrived
             // while it was in progress is then a change after it, handled by the next cycle.
-            if let Some(new) = base.as_ref().or(cause.new.as_deref()) {
+            if let Some(new) = progress.base.as_ref().or(cause.new.as_deref()) {
                 if cause.old.as_deref() != Some(new) {
                     self.store_diff_base(ctx, new, memory);
                 }
             }
             memory.fully_handled_once = true;
         }
-        match reason {
+        match cause.reason {
             Reason::Gone => tracing::debug!("Deleted, really deleted, and we are notified."),
             Reason::Free => {
                 tracing::debug!("Deletion, but we are done with it, and we do not care.")
@@ -690,7 +731,192 @@ impl Processor {
             ),
             _ => {}
         }
-        delays
+        progress.delays
+    }
+
+    /// One cycle of a cause with handlers: its progress read from the object, the due handlers
+    /// run, and the progress, results and cause-base written to the patch.
+    async fn handle_cause(
+        &self,
+        ctx: &Ctx,
+        cause: &ChangingCause,
+        memory: &mut ObjectMemory,
+        now: Timestamp,
+        daemons_running: bool,
+    ) -> CauseProgress {
+        let (reason, body) = (cause.reason, ctx.body.clone());
+        let owned: Vec<&str> = self
+            .handlers
+            .changing
+            .iter()
+            .map(|h| h.id.as_str())
+            .collect();
+        let handlers: Vec<&ChangingHandler> = self
+            .handlers
+            .changing
+            .iter()
+            .filter(|h| h.matches(ctx))
+            .collect();
+        let ids: Vec<&str> = handlers.iter().map(|h| h.id.as_str()).collect();
+        let state = State::from_storage(&body, &self.progress, owned.iter().copied(), now);
+        let base = self.cause_base(&state, cause, &body, memory);
+        let (mut state, mut merge) = self.supersede(state, reason, &ids, &owned, now, &body);
+        tracing::debug!("{} is in progress.", capitalize(reason.title()));
+        let mut progress = CauseProgress {
+            done: handlers.is_empty(),
+            delays: Vec::new(),
+            base,
+        };
+        if handlers.is_empty() {
+            self.diffbase.clear_cause_base(&body, &mut merge);
+            ctx.patch().merge(merge);
+            return progress;
+        }
+        let outcomes = self
+            .run_due_handlers(ctx, cause, &handlers, &state, now)
+            .await;
+        let finished_at = Timestamp::now();
+        state = state.with_outcomes(outcomes.iter().map(|(id, o)| (id.as_str(), o)), finished_at);
+        state.store(&self.progress, &mut merge);
+        for (id, outcome) in &outcomes {
+            deliver_result(ctx.patch(), id, outcome);
+        }
+        if state.done() {
+            let counts = state.counts();
+            tracing::info!(
+                "{} is processed: {} succeeded; {} failed.",
+                capitalize(reason.title()),
+                counts.success,
+                counts.failure
+            );
+            if !(reason == Reason::Delete && daemons_running) {
+                state.purge(&body, &self.progress, owned.iter().copied(), &mut merge);
+                self.diffbase.clear_cause_base(&body, &mut merge);
+            }
+            progress.done = true;
+        } else {
+            progress.delays = state.delays(finished_at);
+            if let Some(base) = &progress.base {
+                // Kept for the cycles to come, and on the object with the progress, for a
+                // restart; too large for the annotations, the memory keeps it alone.
+                memory.cause_base = Some((reason, base.clone()));
+                if self.diffbase.fetch_cause_base(&body).as_ref() != Some(base) {
+                    let _ = self.diffbase.store_cause_base(&body, base, &mut merge);
+                }
+            }
+        }
+        ctx.patch().merge(merge);
+        progress
+    }
+
+    /// The essence this cause started from: kept from its first cycle (in memory, or on the object
+    /// for a restart) while its progress is on the object; else this cycle's.
+    fn cause_base(
+        &self,
+        state: &State,
+        cause: &ChangingCause,
+        body: &DynamicObject,
+        memory: &mut ObjectMemory,
+    ) -> Option<Value> {
+        let reason = cause.reason;
+        let continued = state
+            .iter()
+            .any(|(_, s)| s.purpose.as_deref() == Some(reason.as_str()));
+        let remembered = memory.cause_base.take().filter(|(r, _)| *r == reason);
+        continued
+            .then(|| {
+                remembered
+                    .map(|(_, essence)| essence)
+                    .or_else(|| self.diffbase.fetch_cause_base(body))
+            })
+            .flatten()
+            .or_else(|| cause.new.as_deref().cloned())
+    }
+
+    /// The progress of this cause's handlers; the progress of another cause (a creation still
+    /// retrying when an update came) is superseded by this one, and purged (in the returned merge
+    /// patch, to which the cycle adds).
+    fn supersede(
+        &self,
+        state: State,
+        reason: Reason,
+        ids: &[&str],
+        owned: &[&str],
+        now: Timestamp,
+        body: &DynamicObject,
+    ) -> (State, Value) {
+        let mut merge = json!({});
+        let mut state = state
+            .with_purpose(reason.as_str(), [])
+            .with_handlers(ids.iter().copied(), now);
+        let extras = state.extras();
+        for (purpose, counts) in &extras {
+            tracing::info!(
+                "{} is superseded by {}: {} succeeded; {} failed; {} left to the moment.",
+                capitalize(&Reason::title_of(purpose)),
+                reason.title(),
+                counts.success,
+                counts.failure,
+                counts.running
+            );
+            state = state.with_purpose(reason.as_str(), ids.iter().copied());
+        }
+        if !extras.is_empty() {
+            state.purge(body, &self.progress, owned.iter().copied(), &mut merge);
+        }
+        (state, merge)
+    }
+
+    /// The handlers that are due (awakened), in the order the lifecycle picks, each once: their
+    /// outcomes by id.
+    async fn run_due_handlers(
+        &self,
+        ctx: &Ctx,
+        cause: &ChangingCause,
+        handlers: &[&ChangingHandler],
+        state: &State,
+        now: Timestamp,
+    ) -> Vec<(String, Outcome)> {
+        let awakened: Vec<&ChangingHandler> = handlers
+            .iter()
+            .copied()
+            .filter(|h| state.get(&h.id).is_some_and(|s| s.awakened(now)))
+            .collect();
+        let retries: Vec<u32> = awakened
+            .iter()
+            .map(|h| state.get(&h.id).map_or(0, |s| s.retries))
+            .collect();
+        let mut outcomes = Vec::new();
+        for index in self.settings.execution.lifecycle.plan(&retries) {
+            let handler = awakened[index];
+            let Some(handler_state) = state.get(&handler.id) else {
+                continue;
+            };
+            let (attempts, runtime) = (handler_state.retries, handler_state.runtime(now));
+            let attempt = attempt_for(handler, cause, attempts, runtime, handler_state.started);
+            let invocation = Invocation {
+                id: &handler.id,
+                func: &handler.func,
+                errors: handler.options.errors.unwrap_or_default(),
+                backoff: handler
+                    .options
+                    .backoff
+                    .unwrap_or(self.settings.execution.default_backoff),
+                timeout: handler.options.timeout,
+                retries: handler.options.retries,
+                post_events: true,
+                resource: &self.label,
+                observer: &*self.observer,
+                active: true,
+            };
+            let Ok(_permit) = self.limiter.acquire().await else {
+                break;
+            };
+            let ctx = ctx.clone().with_attempt(attempt);
+            let (outcome, _) = execute_once(&invocation, ctx, attempts, runtime).await;
+            outcomes.push((handler.id.clone(), outcome));
+        }
+        outcomes
     }
 
     fn store_diff_base(&self, ctx: &Ctx, essence: &Value, memory: &mut ObjectMemory) {
