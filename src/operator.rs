@@ -394,27 +394,14 @@ impl Operator {
         Fut: Future<Output = std::result::Result<R, HandlerError>> + Send + 'static,
         R: serde::Serialize + 'static,
     {
-        let field_handler = reason == Some(Reason::Noop);
-        let resume = reason.is_none();
-        let delete = reason == Some(Reason::Delete);
-        let needs_change =
-            field_handler || (reason == Some(Reason::Update) && on.filters.field.is_some());
-        self.registry.changing_handlers.push(ChangingHandler {
-            id: on.id,
-            selector,
-            reason: if field_handler || resume {
-                None
-            } else {
-                reason
-            },
-            initial: resume,
-            deleted: resume && on.deleted,
-            requires_finalizer: delete && !on.optional,
-            field_needs_change: needs_change,
-            options: on.options,
-            filters: on.filters,
-            func: handler_fn(handler),
-        });
+        self.registry
+            .changing_handlers
+            .push(ChangingHandler::register(
+                selector,
+                on,
+                reason,
+                handler_fn(handler),
+            ));
         self
     }
 

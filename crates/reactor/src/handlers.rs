@@ -635,6 +635,33 @@ pub struct ChangingHandler {
 }
 
 impl ChangingHandler {
+    /// A changing handler as registered for `reason`: `Some(Noop)` marks a field handler (any
+    /// reason; the field must change), `None` a resume handler; the others are the cause it runs
+    /// for. A delete handler that is not optional requires the finalizer.
+    pub fn register(selector: Selector, on: On, reason: Option<Reason>, func: HandlerFn) -> Self {
+        let field_handler = reason == Some(Reason::Noop);
+        let resume = reason.is_none();
+        let delete = reason == Some(Reason::Delete);
+        let needs_change =
+            field_handler || (reason == Some(Reason::Update) && on.filters.field.is_some());
+        ChangingHandler {
+            id: on.id,
+            selector,
+            reason: if field_handler || resume {
+                None
+            } else {
+                reason
+            },
+            initial: resume,
+            deleted: resume && on.deleted,
+            requires_finalizer: delete && !on.optional,
+            field_needs_change: needs_change,
+            options: on.options,
+            filters: on.filters,
+            func,
+        }
+    }
+
     /// Whether this handler runs for this cause (Kopf's registry matching): the reason, the resume
     /// rules, then the filters.
     pub fn matches(&self, ctx: &Ctx) -> bool {

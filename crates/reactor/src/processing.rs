@@ -99,6 +99,43 @@ pub struct Processor {
     progress: ProgressStorage,
     diffbase: DiffBaseStorage,
     extra_fields: Vec<Vec<String>>,
+    clock: Clock,
+}
+
+/// Where processing reads the wall-clock time it stores on objects (when handlers started, until
+/// when they are delayed, the touch) and compares with what is stored.
+#[derive(Debug, Clone, Copy, Default)]
+pub enum Clock {
+    /// The system's clock: what an operator uses.
+    #[default]
+    System,
+    /// Tokio's clock, from an origin: `wall` was the time at `at`. Under tokio's paused time the
+    /// stored timestamps move with virtual time only, so a test can assert delays exactly (what
+    /// freezegun does for Kopf's tests).
+    Tokio {
+        /// The wall-clock time at `at`.
+        wall: Timestamp,
+        /// The origin on tokio's clock.
+        at: Instant,
+    },
+}
+
+impl Clock {
+    /// Tokio's clock, reading `wall` now.
+    pub fn tokio(wall: Timestamp) -> Clock {
+        Clock::Tokio {
+            wall,
+            at: Instant::now(),
+        }
+    }
+
+    /// The time now.
+    pub fn now(&self) -> Timestamp {
+        match self {
+            Clock::System => Timestamp::now(),
+            Clock::Tokio { wall, at } => wall.checked_add(at.elapsed()).unwrap_or(*wall),
+        }
+    }
 }
 
 /// What survives between the cycles of one object, in memory (Kopf's `ResourceMemory`).
@@ -341,7 +378,14 @@ impl Processor {
             progress,
             diffbase,
             extra_fields,
+            clock: Clock::System,
         }
+    }
+
+    /// Reads the time from `clock` (see [`Clock::Tokio`], for tests).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Counts handler runs with `observer`.
@@ -357,7 +401,7 @@ impl Processor {
         mut event: Event,
         memory: &mut ObjectMemory,
     ) -> Result<Cycle, ProcessingError> {
-        let now = Timestamp::now();
+        let now = self.clock.now();
         if event.event_type == EventType::Listed {
             memory.noticed_by_listing = true;
         }
@@ -620,7 +664,7 @@ impl Processor {
     /// after a fully slept delay. Returns the new version.
     pub async fn touch(&self, body: &DynamicObject) -> Result<Option<String>, ProcessingError> {
         let mut merge = json!({});
-        self.progress.touch(&mut merge, Timestamp::now());
+        self.progress.touch(&mut merge, self.clock.now());
         let changes = patches::Changes {
             merge: merge.as_object().cloned().unwrap_or_default(),
             fns: Vec::new(),
@@ -775,7 +819,7 @@ impl Processor {
         let outcomes = self
             .run_due_handlers(ctx, cause, &handlers, &state, now)
             .await;
-        let finished_at = Timestamp::now();
+        let finished_at = self.clock.now();
         state = state.with_outcomes(outcomes.iter().map(|(id, o)| (id.as_str(), o)), finished_at);
         state.store(&self.progress, &mut merge);
         for (id, outcome) in &outcomes {

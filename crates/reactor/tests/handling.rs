@@ -1,0 +1,670 @@
+//! The handling suite: one object's cycles ([`Processor::process`]) called directly, against the
+//! in-process emulator under tokio's paused time, one behaviour per test (Kopf's `tests/handling/`
+//! is the model). The processor reads the time from tokio's clock ([`Clock::Tokio`]), so delays are
+//! asserted exactly, in virtual time; nothing sleeps for real.
+//!
+//! Each test plays the worker's part by hand: it fetches the object as the watch would bring it,
+//! runs a cycle, and checks what the cycle wrote to the object and the one [`Next`] step it asked
+//! for.
+
+mod emulator_only {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use jiff::Timestamp;
+    use kactor_emulator::{samples, Emulator, Failure};
+    use kactor_reactor::causes::Reason;
+    use kactor_reactor::handlers::{
+        handler_fn, ChangingHandler, Ctx, HandlerError, Memo, On, ResourceHandlers,
+    };
+    use kactor_reactor::posting::EventPoster;
+    use kactor_reactor::processing::{
+        Clock, Cycle, DaemonsView, Event, Next, ObjectMemory, ProcessingError, Processor, Written,
+    };
+    use kactor_reactor::resources::Selector;
+    use kactor_reactor::settings::Settings;
+    use kactor_reactor::watching::EventType;
+    use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+    use serde_json::{json, Value};
+    use tokio::sync::Semaphore;
+    use tokio::time::Instant;
+
+    const WIDGETS: &str = "widgets.v1.example.com";
+    const FINALIZER: &str = "kopf.zalando.org/KopfFinalizerMarker";
+    const DIFF_BASE: &str = "kopf.zalando.org/last-handled-configuration";
+    const CAUSE_BASE: &str = "kopf.zalando.org/cause-base-configuration";
+
+    /// What the handlers saw, in order: `id reason retry old->new`.
+    #[derive(Clone, Default)]
+    struct Seen(Arc<Mutex<Vec<String>>>);
+
+    impl Seen {
+        fn push(&self, ctx: &Ctx) {
+            let values = |v: Option<&Value>| v.map_or("-".to_string(), Value::to_string);
+            self.0.lock().unwrap().push(format!(
+                "{} {} {} {}->{}",
+                ctx.id(),
+                ctx.reason().map_or("-", Reason::as_str),
+                ctx.retry(),
+                values(ctx.old()),
+                values(ctx.new_value()),
+            ));
+        }
+
+        fn take(&self) -> Vec<String> {
+            std::mem::take(&mut *self.0.lock().unwrap())
+        }
+    }
+
+    /// A changing handler that records what it saw and returns `{"size": spec.size}`, or fails
+    /// temporarily with `delay` while `failures` last.
+    fn handler(
+        seen: &Seen,
+        on: On,
+        reason: Option<Reason>,
+        failures: u32,
+        delay: Duration,
+    ) -> ChangingHandler {
+        let seen = seen.clone();
+        let func = handler_fn(move |ctx: Ctx| {
+            seen.push(&ctx);
+            async move {
+                if ctx.retry() < failures {
+                    return Err(HandlerError::temporary("not yet", delay));
+                }
+                Ok(json!({"size": ctx.spec()["size"]}))
+            }
+        });
+        ChangingHandler::register(Selector::parse(WIDGETS), on, reason, func)
+    }
+
+    fn create(seen: &Seen) -> ChangingHandler {
+        handler(
+            seen,
+            On::id("create_fn"),
+            Some(Reason::Create),
+            0,
+            Duration::ZERO,
+        )
+    }
+
+    fn update(seen: &Seen) -> ChangingHandler {
+        handler(
+            seen,
+            On::id("update_fn"),
+            Some(Reason::Update),
+            0,
+            Duration::ZERO,
+        )
+    }
+
+    fn delete(seen: &Seen) -> ChangingHandler {
+        handler(
+            seen,
+            On::id("delete_fn"),
+            Some(Reason::Delete),
+            0,
+            Duration::ZERO,
+        )
+    }
+
+    fn field(seen: &Seen) -> ChangingHandler {
+        let on = On::id("size").field("spec.size");
+        let mut handler = handler(seen, on, Some(Reason::Noop), 0, Duration::ZERO);
+        handler.id = "size/spec.size".into();
+        handler
+    }
+
+    /// The emulator, the widgets, and a processor of these handlers on tokio's clock.
+    struct Handling {
+        emulator: Emulator,
+        widgets: Api<DynamicObject>,
+        processor: Processor,
+        memory: ObjectMemory,
+    }
+
+    impl Handling {
+        async fn new(changing: Vec<ChangingHandler>) -> Handling {
+            Handling::with_settings(changing, Settings::default()).await
+        }
+
+        async fn with_settings(changing: Vec<ChangingHandler>, settings: Settings) -> Handling {
+            let emulator = Emulator::start().await.unwrap();
+            let client = emulator.in_process_client();
+            let widgets = samples::install_widgets(&client).await.unwrap();
+            let resources = kactor_reactor::discovery::scan(&client).await.unwrap();
+            let resource = Selector::parse(WIDGETS)
+                .resolve(&resources)
+                .unwrap()
+                .clone();
+            let handlers = ResourceHandlers {
+                event: vec![],
+                changing,
+                spawning: vec![],
+            };
+            let processor = Processor::new(
+                Arc::new(resource),
+                Arc::new(handlers),
+                Arc::new(settings),
+                Arc::new(client),
+                EventPoster::disabled(),
+                Arc::new(Semaphore::new(4)),
+            )
+            // A whole second: the stored timestamps (microseconds) are exact.
+            .with_clock(Clock::tokio(Timestamp::from_second(1_800_000_000).unwrap()));
+            Handling {
+                emulator,
+                widgets,
+                processor,
+                memory: ObjectMemory::default(),
+            }
+        }
+
+        async fn create_widget(&self, size: i64) -> DynamicObject {
+            let body = serde_json::from_value(samples::widget("w1", size)).unwrap();
+            self.widgets
+                .create(&PostParams::default(), &body)
+                .await
+                .unwrap()
+        }
+
+        async fn get(&self) -> Option<DynamicObject> {
+            self.widgets.get_opt("w1").await.unwrap()
+        }
+
+        async fn resize(&self, size: i64) {
+            let patch = json!({"spec": {"size": size}});
+            self.widgets
+                .patch("w1", &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+        }
+
+        /// Cycles on the object as the watch brings it, until one writes nothing: the cause's
+        /// handlers run one per cycle (Kopf's default lifecycle, `asap`).
+        async fn settle(&mut self) -> Cycle {
+            for _ in 0..10 {
+                let cycle = self.cycle(EventType::Modified).await;
+                if cycle.written == Written::Nothing {
+                    return cycle;
+                }
+            }
+            panic!("no quiet after 10 cycles");
+        }
+
+        /// A cycle on the object as it is now, as the watch would bring it.
+        async fn cycle(&mut self, event_type: EventType) -> Cycle {
+            let body = self.get().await.expect("the object exists");
+            self.cycle_on(event_type, body, true, None).await
+        }
+
+        async fn cycle_on(
+            &mut self,
+            event_type: EventType,
+            body: DynamicObject,
+            consistent: bool,
+            daemons: Option<DaemonsView>,
+        ) -> Cycle {
+            self.try_cycle_on(event_type, body, consistent, daemons)
+                .await
+                .expect("the cycle's patch is applied")
+        }
+
+        async fn try_cycle_on(
+            &mut self,
+            event_type: EventType,
+            body: DynamicObject,
+            consistent: bool,
+            daemons: Option<DaemonsView>,
+        ) -> Result<Cycle, ProcessingError> {
+            let event = Event {
+                event_type,
+                body: Arc::new(body),
+                memo: Memo::default(),
+                received: Instant::now(),
+                consistent,
+                daemons,
+            };
+            self.processor.process(event, &mut self.memory).await
+        }
+    }
+
+    /// The essence of a widget of this size, as stored and as handlers see it.
+    fn essence(size: i64) -> Value {
+        json!({"metadata": {"labels": {"app": "demo"}}, "spec": {"size": size}})
+    }
+
+    /// A stored essence (diff-base, cause-base), parsed.
+    fn stored(object: &DynamicObject, key: &str) -> Option<Value> {
+        annotation(object, key).map(|text| serde_json::from_str(text).unwrap())
+    }
+
+    fn annotation<'a>(object: &'a DynamicObject, key: &str) -> Option<&'a str> {
+        object
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .map(String::as_str)
+    }
+
+    fn progress_keys(object: &DynamicObject) -> Vec<String> {
+        let annotations = object.metadata.annotations.clone().unwrap_or_default();
+        annotations
+            .into_keys()
+            .filter(|k| k.starts_with("kopf.zalando.org/") && k != DIFF_BASE)
+            .collect()
+    }
+
+    fn finalized(object: &DynamicObject) -> bool {
+        object
+            .metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|f| f == FINALIZER))
+    }
+
+    fn version(object: &DynamicObject) -> Written {
+        Written::Version(object.metadata.resource_version.clone().unwrap())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_creation_runs_the_create_handler_once_and_stores_its_result_and_the_diff_base() {
+        let seen = Seen::default();
+        let mut handling = Handling::new(vec![create(&seen)]).await;
+        handling.create_widget(1).await;
+
+        let cycle = handling.cycle(EventType::Added).await;
+        let object = handling.get().await.unwrap();
+        assert_eq!(cycle.written, version(&object), "the version to wait for");
+        assert_eq!(cycle.next, Next::Idle);
+        assert_eq!(
+            seen.take(),
+            [format!("create_fn create 0 -->{}", essence(1))]
+        );
+        assert_eq!(object.data["status"]["create_fn"], json!({"size": 1}));
+        assert_eq!(stored(&object, DIFF_BASE), Some(essence(1)));
+        assert!(
+            progress_keys(&object).is_empty(),
+            "{:?}",
+            progress_keys(&object)
+        );
+
+        // Our own patch comes back: nothing to do, nothing written.
+        let cycle = handling.cycle(EventType::Modified).await;
+        assert_eq!(cycle, Cycle::default());
+        assert!(seen.take().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delete_handler_puts_the_finalizer_on_first_and_no_handler_runs_in_that_cycle() {
+        let seen = Seen::default();
+        let mut handling = Handling::new(vec![create(&seen), delete(&seen)]).await;
+        handling.create_widget(1).await;
+
+        let cycle = handling.cycle(EventType::Added).await;
+        let object = handling.get().await.unwrap();
+        assert!(finalized(&object));
+        assert_eq!(cycle.written, version(&object));
+        assert_eq!(
+            cycle.next,
+            Next::Idle,
+            "the finalizer's own event comes back"
+        );
+        assert!(
+            seen.take().is_empty(),
+            "no handler before the finalizer is on"
+        );
+
+        handling.cycle(EventType::Modified).await;
+        assert_eq!(
+            seen.take(),
+            [format!("create_fn create 0 -->{}", essence(1))]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_inconsistent_body_makes_the_handlers_await_our_own_patch() {
+        let seen = Seen::default();
+        let mut handling = Handling::new(vec![create(&seen)]).await;
+        let body = handling.create_widget(1).await;
+
+        let cycle = handling.cycle_on(EventType::Added, body, false, None).await;
+        assert_eq!(
+            cycle,
+            Cycle {
+                written: Written::Nothing,
+                next: Next::AwaitOwnPatch,
+            }
+        );
+        assert!(seen.take().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_temporary_failure_is_retried_after_its_delay_to_the_microsecond() {
+        let seen = Seen::default();
+        let failing = handler(
+            &seen,
+            On::id("create_fn"),
+            Some(Reason::Create),
+            1,
+            Duration::from_secs(7),
+        );
+        let mut handling = Handling::new(vec![failing]).await;
+        handling.create_widget(1).await;
+
+        // The failure: its progress is written, and the patch's event comes back first.
+        let cycle = handling.cycle(EventType::Added).await;
+        assert_eq!(cycle.next, Next::Idle, "the sleep is skipped for the patch");
+        assert_eq!(
+            seen.take(),
+            [format!("create_fn create 0 -->{}", essence(1))]
+        );
+        let object = handling.get().await.unwrap();
+        assert_eq!(
+            progress_keys(&object),
+            [CAUSE_BASE, "kopf.zalando.org/create_fn"]
+        );
+        let progress: Value =
+            serde_json::from_str(annotation(&object, "kopf.zalando.org/create_fn").unwrap())
+                .unwrap();
+        assert_eq!(
+            progress["delayed"], "2027-01-15T08:00:07.000000+00:00",
+            "{progress}"
+        );
+        assert!(object.data["status"].get("create_fn").is_none());
+
+        // Two seconds later the handler is still asleep: five seconds to go, nothing written.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let cycle = handling.cycle(EventType::Modified).await;
+        assert_eq!(
+            cycle,
+            Cycle {
+                written: Written::Nothing,
+                next: Next::RetryAfter(Duration::from_secs(5)),
+            }
+        );
+        assert!(seen.take().is_empty());
+
+        // Once the delay has passed (the worker's touch brings the event), the retry succeeds.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let cycle = handling.cycle(EventType::Modified).await;
+        assert_eq!(cycle.next, Next::Idle);
+        assert_eq!(
+            seen.take(),
+            [format!("create_fn create 1 -->{}", essence(1))]
+        );
+        let object = handling.get().await.unwrap();
+        assert_eq!(object.data["status"]["create_fn"], json!({"size": 1}));
+        assert!(progress_keys(&object).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_delay_is_slept_in_keepalive_intervals_of_ten_minutes() {
+        let seen = Seen::default();
+        let failing = handler(
+            &seen,
+            On::id("create_fn"),
+            Some(Reason::Create),
+            1,
+            Duration::from_secs(3600),
+        );
+        let mut handling = Handling::new(vec![failing]).await;
+        handling.create_widget(1).await;
+        handling.cycle(EventType::Added).await;
+        let cycle = handling.cycle(EventType::Modified).await;
+        assert_eq!(cycle.next, Next::RetryAfter(Duration::from_secs(600)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_update_gives_update_and_field_handlers_the_old_and_new_values() {
+        let seen = Seen::default();
+        let mut handling = Handling::new(vec![create(&seen), update(&seen), field(&seen)]).await;
+        handling.create_widget(1).await;
+        handling.cycle(EventType::Added).await;
+        handling.settle().await;
+        assert_eq!(
+            seen.take(),
+            [
+                format!("create_fn create 0 -->{}", essence(1)),
+                "size/spec.size create 0 -->1".to_string(),
+            ],
+            "one handler per cycle"
+        );
+
+        handling.resize(2).await;
+        let cycle = handling.settle().await;
+        assert_eq!(cycle.next, Next::Idle);
+        assert_eq!(
+            seen.take(),
+            [
+                format!("update_fn update 0 {}->{}", essence(1), essence(2)),
+                "size/spec.size update 0 1->2".to_string(),
+            ]
+        );
+        let object = handling.get().await.unwrap();
+        assert_eq!(object.data["status"]["size/spec.size"], json!({"size": 2}));
+    }
+
+    /// Crash consistency: a change made while the creation is still retrying is not absorbed into
+    /// it. The creation ends with the diff-base it started from, so the change is an update after
+    /// it, and the field handler sees the value the field settled on.
+    #[tokio::test(start_paused = true)]
+    async fn a_change_made_while_a_cause_is_retrying_is_handled_after_it() {
+        let seen = Seen::default();
+        let slow = handler(
+            &seen,
+            On::id("create_fn"),
+            Some(Reason::Create),
+            1,
+            Duration::from_secs(1),
+        );
+        let mut handling = Handling::new(vec![slow, field(&seen)]).await;
+        handling.create_widget(1).await;
+        handling.cycle(EventType::Added).await;
+        let object = handling.get().await.unwrap();
+        assert_eq!(
+            stored(&object, CAUSE_BASE),
+            Some(essence(1)),
+            "the creation's base is kept on the object, for a restart"
+        );
+
+        handling.resize(2).await;
+        tokio::time::advance(Duration::from_secs(1)).await;
+        // The creation goes on: the field handler, then the retry of the create handler.
+        handling.cycle(EventType::Modified).await;
+        handling.cycle(EventType::Modified).await;
+        let object = handling.get().await.unwrap();
+        assert_eq!(
+            stored(&object, DIFF_BASE),
+            Some(essence(1)),
+            "the creation leaves the essence it started from"
+        );
+        assert_eq!(annotation(&object, CAUSE_BASE), None);
+
+        handling.settle().await;
+        let seen = seen.take();
+        assert_eq!(
+            seen,
+            [
+                format!("create_fn create 0 -->{}", essence(1)),
+                "size/spec.size create 0 -->2".to_string(),
+                format!("create_fn create 1 -->{}", essence(2)),
+                "size/spec.size update 0 1->2".to_string(),
+            ],
+            "the change is an update after the creation"
+        );
+        let object = handling.get().await.unwrap();
+        assert_eq!(object.data["status"]["size/spec.size"], json!({"size": 2}));
+    }
+
+    /// The same across a restart: the new process has no memory of the cause, only what the
+    /// object holds.
+    #[tokio::test(start_paused = true)]
+    async fn a_change_made_while_a_cause_is_retrying_is_handled_after_it_across_a_restart() {
+        let seen = Seen::default();
+        let slow = handler(
+            &seen,
+            On::id("create_fn"),
+            Some(Reason::Create),
+            1,
+            Duration::from_secs(1),
+        );
+        let mut handling = Handling::new(vec![slow, field(&seen)]).await;
+        handling.create_widget(1).await;
+        handling.cycle(EventType::Added).await;
+        handling.resize(2).await;
+
+        handling.memory = ObjectMemory::default();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        handling.cycle(EventType::Listed).await;
+        handling.settle().await;
+        let seen = seen.take();
+        assert_eq!(
+            seen.last().unwrap(),
+            "size/spec.size update 0 1->2",
+            "{seen:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deletion_runs_the_delete_handler_then_releases_the_finalizer_for_good() {
+        let seen = Seen::default();
+        let mut handling = Handling::new(vec![create(&seen), delete(&seen)]).await;
+        handling.create_widget(1).await;
+        handling.cycle(EventType::Added).await;
+        handling.settle().await;
+        seen.take();
+
+        handling
+            .widgets
+            .delete("w1", &DeleteParams::default())
+            .await
+            .unwrap();
+        let deleting = handling.get().await.unwrap();
+        assert!(deleting.metadata.deletion_timestamp.is_some());
+        let cycle = handling
+            .cycle_on(EventType::Modified, deleting, true, None)
+            .await;
+        assert_eq!(
+            seen.take(),
+            [format!("delete_fn delete 0 {}->{}", essence(1), essence(1))]
+        );
+        assert!(handling.get().await.is_none(), "the finalizer was released");
+        match &cycle.written {
+            Written::Version(rv) => assert!(rv.ends_with("~which~never~arrives"), "{rv}"),
+            other => panic!("expected a version that never arrives, got {other:?}"),
+        }
+        assert_eq!(cycle.next, Next::Idle);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deletion_keeps_the_finalizer_while_daemons_stop_and_releases_it_after() {
+        let seen = Seen::default();
+        let mut handling = Handling::new(vec![]).await;
+        let mut body = serde_json::from_value::<DynamicObject>(samples::widget("w1", 1)).unwrap();
+        body.metadata.finalizers = Some(vec![FINALIZER.into()]);
+        handling
+            .widgets
+            .create(&PostParams::default(), &body)
+            .await
+            .unwrap();
+        handling
+            .widgets
+            .delete("w1", &DeleteParams::default())
+            .await
+            .unwrap();
+        let decided = Arc::new(Mutex::new(Vec::new()));
+        let view = |blocking: bool| {
+            let decided = decided.clone();
+            DaemonsView {
+                excluded: Arc::default(),
+                blocking,
+                decide: Box::new(move |decision| decided.lock().unwrap().push(decision)),
+            }
+        };
+
+        let deleting = handling.get().await.unwrap();
+        let cycle = handling
+            .cycle_on(
+                EventType::Modified,
+                deleting.clone(),
+                true,
+                Some(view(true)),
+            )
+            .await;
+        assert_eq!(
+            cycle,
+            Cycle {
+                written: Written::Nothing,
+                next: Next::AwaitDaemons,
+            }
+        );
+        assert!(finalized(&handling.get().await.unwrap()));
+        let decision = decided.lock().unwrap().pop().unwrap();
+        assert!(
+            decision.deletion && decision.wanted.is_empty(),
+            "{decision:?}"
+        );
+
+        // The last daemon stopped: the worker runs the cycle again, which lets the object go.
+        let cycle = handling
+            .cycle_on(EventType::Modified, deleting, true, Some(view(false)))
+            .await;
+        assert_eq!(cycle.next, Next::Idle);
+        assert!(handling.get().await.is_none());
+        assert!(seen.take().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_gone_object_is_written_nothing() {
+        let seen = Seen::default();
+        let mut handling = Handling::new(vec![create(&seen), delete(&seen)]).await;
+        let body = handling.create_widget(1).await;
+        handling
+            .widgets
+            .delete("w1", &DeleteParams::default())
+            .await
+            .unwrap();
+        let cycle = handling
+            .cycle_on(EventType::Deleted, body, true, None)
+            .await;
+        assert_eq!(cycle, Cycle::default());
+        assert!(seen.take().is_empty());
+    }
+
+    /// An API failure that outlives the retries fails the cycle after exactly the backoffs
+    /// (`networking.error_backoffs`); the worker throttles the object then. Nothing is lost: the
+    /// next cycle runs the handler again and its result lands.
+    #[tokio::test(start_paused = true)]
+    async fn an_api_failure_that_outlives_its_retries_fails_the_cycle_after_the_backoffs() {
+        let seen = Seen::default();
+        let mut settings = Settings::default();
+        settings.networking.error_backoffs = vec![Duration::from_secs(1), Duration::from_secs(2)];
+        let mut handling = Handling::with_settings(vec![create(&seen)], settings).await;
+        let body = handling.create_widget(1).await;
+        handling
+            .emulator
+            .faults()
+            .fail(Failure::new(500).verb("patch").times(3));
+
+        let started = Instant::now();
+        let error = handling
+            .try_cycle_on(EventType::Added, body, true, None)
+            .await
+            .expect_err("three answers of 500 outlive two retries");
+        assert_eq!(started.elapsed(), Duration::from_secs(3), "1 s, then 2 s");
+        assert!(error.to_string().contains("500"), "{error}");
+        assert_eq!(seen.take().len(), 1);
+
+        let cycle = handling.cycle(EventType::Modified).await;
+        assert_eq!(cycle.next, Next::Idle);
+        assert_eq!(
+            seen.take().len(),
+            1,
+            "run again: its first success was not stored"
+        );
+        let object = handling.get().await.unwrap();
+        assert_eq!(object.data["status"]["create_fn"], json!({"size": 1}));
+    }
+}
