@@ -13,6 +13,10 @@
 //!   the identity it was last seen with, the last body is not kept).
 //! * An object's record (memo, last resourceVersion) lives until the object is deleted, whether or not
 //!   its worker is running.
+//! * An object's memory (resume and retry bookkeeping) has one owner at a time: the record while no
+//!   worker runs, the worker while one does, which gives it back when it stops ([`Returned`]).
+//!   An event that comes while it is on its way back is held (the newest only) and dispatched to
+//!   the next worker with it; so no worker ever starts with a memory that another still has.
 //! * Failures the watcher recovers from are retried there (and recorded in its `WatchStatus`); one it
 //!   cannot recover from (the resource is no longer served, or the request is rejected) ends the
 //!   supervisor, logged; the operator drops it or starts it again when discovery says so.
@@ -35,7 +39,7 @@ use tokio::sync::Semaphore;
 
 use crate::daemons::{ApiSink, DaemonEnv};
 use crate::tracker::Tracker;
-use crate::worker::{self, Deliver, Idle, ObjectWorker, Stop, WorkerShared};
+use crate::worker::{self, Deliver, Idle, Interrupted, ObjectWorker, Returned, Stop, WorkerShared};
 
 /// How many batches may wait to be routed while the watch stream fetches the next one.
 const IN_FLIGHT: usize = 4;
@@ -113,6 +117,13 @@ pub struct Census {
     pub workers: usize,
 }
 
+/// Where an object's memory is: with its record, or lent to a worker (by the worker's number),
+/// which gives it back when it stops ([`Returned`]).
+enum Memory {
+    Here(ObjectMemory),
+    Lent(u64),
+}
+
 /// What the supervisor keeps of an object, running worker or not.
 struct Record {
     /// The last resourceVersion seen.
@@ -125,8 +136,16 @@ struct Record {
     sent: u64,
     /// The user's state for this object.
     memo: Memo,
-    /// The framework's state for this object (resume and retry bookkeeping).
-    memory: Arc<std::sync::Mutex<ObjectMemory>>,
+    /// The framework's state for this object (resume and retry bookkeeping): owned by the record
+    /// while no worker runs, by the worker while one does.
+    memory: Memory,
+    /// The last worker stopped with work scheduled (a pause): the next listing dispatches the
+    /// object even if it did not change. Told by the worker ([`Interrupted`]), cleared when an
+    /// event is dispatched.
+    interrupted: bool,
+    /// The newest event that came while the memory was on its way back from a stopping worker:
+    /// dispatched to the next worker once it is back.
+    held: Option<Deliver>,
     /// The running worker, if any.
     worker: Option<Addr<ObjectWorker>>,
 }
@@ -148,6 +167,8 @@ pub struct ResourceSupervisor {
     entry: Option<BoardEntry>,
     /// The resource as metrics label it.
     resource_label: Arc<str>,
+    /// The number of the last worker started (a worker gives the memory back under it).
+    workers_started: u64,
 }
 
 impl ResourceSupervisor {
@@ -177,6 +198,7 @@ impl ResourceSupervisor {
             shared: None,
             status,
             entry,
+            workers_started: 0,
         }
     }
 
@@ -193,14 +215,14 @@ impl ResourceSupervisor {
             let unchanged = self
                 .records
                 .get(&key)
-                .is_some_and(|r| r.rv == rv && !r.memory.lock().is_ok_and(|m| m.interrupted));
+                .is_some_and(|r| r.rv == rv && !r.interrupted);
             if unchanged {
                 return;
             }
         }
-        let Some(shared) = self.shared.clone() else {
+        if self.shared.is_none() {
             return;
-        };
+        }
         let record = self.records.entry(key.clone()).or_insert_with(|| Record {
             rv: Box::from(""),
             name: object.metadata.name.as_deref().unwrap_or_default().into(),
@@ -208,28 +230,54 @@ impl ResourceSupervisor {
             uid: object.metadata.uid.as_deref().map(Box::from),
             sent: 0,
             memo: Memo::default(),
-            memory: Arc::default(),
+            memory: Memory::Here(ObjectMemory::default()),
+            interrupted: false,
+            held: None,
             worker: None,
         });
         record.rv = rv;
         record.sent += 1;
-        let worker = record.worker.get_or_insert_with(|| {
-            ObjectWorker::new(
-                key.clone(),
-                record.memo.clone(),
-                record.memory.clone(),
-                shared,
-            )
-            .start()
-        });
-        worker.do_send(Deliver {
+        record.interrupted = false;
+        let deliver = Deliver {
             event_type,
             body: Arc::new(object),
             seq: record.sent,
             received,
-        });
-        if event_type == EventType::Deleted {
-            // The worker finishes its last cycle on its own; the record goes with the object.
+        };
+        self.dispatch(key, deliver);
+    }
+
+    /// Sends the event to the object's worker, starting one with the object's memory if none runs;
+    /// holds it while the memory is on its way back from a stopping worker. A deletion removes the
+    /// record once dispatched (the worker finishes its last cycle on its own).
+    fn dispatch(&mut self, key: Arc<str>, deliver: Deliver) {
+        let (Some(shared), Some(record)) = (self.shared.clone(), self.records.get_mut(&key)) else {
+            return;
+        };
+        let deleted = deliver.event_type == EventType::Deleted;
+        if let Some(worker) = &record.worker {
+            worker.do_send(deliver);
+        } else if let Memory::Lent(_) = record.memory {
+            if record.held.replace(deliver).is_some() {
+                self.config
+                    .observer
+                    .events_coalesced(&self.resource_label, 1);
+            }
+            // The record stays until the memory is back and the deletion dispatched.
+            return;
+        } else {
+            self.workers_started += 1;
+            let number = self.workers_started;
+            let Memory::Here(memory) = std::mem::replace(&mut record.memory, Memory::Lent(number))
+            else {
+                return;
+            };
+            let worker =
+                ObjectWorker::new(key.clone(), number, record.memo.clone(), memory, shared).start();
+            worker.do_send(deliver);
+            record.worker = Some(worker);
+        }
+        if deleted {
             self.records.remove(&key);
         }
     }
@@ -362,6 +410,8 @@ impl Actor for ResourceSupervisor {
             consistency_timeout: config.settings.persistence.consistency_timeout,
             error_delays: config.settings.queueing.error_delays.clone().into(),
             supervisor: ctx.address().recipient(),
+            returns: ctx.address().recipient(),
+            interruptions: ctx.address().recipient(),
             daemons,
         }));
         if config.start_paused {
@@ -431,6 +481,37 @@ impl Handler<Idle> for ResourceSupervisor {
                 if let Some(worker) = record.worker.take() {
                     worker.do_send(Stop);
                 }
+            }
+        }
+    }
+}
+
+impl Handler<Returned> for ResourceSupervisor {
+    type Result = ();
+
+    fn handle(&mut self, returned: Returned, _: &mut Context<Self>) {
+        let Some(record) = self.records.get_mut(&returned.key) else {
+            // The object was deleted meanwhile: its memory goes with it.
+            return;
+        };
+        if !matches!(record.memory, Memory::Lent(number) if number == returned.number) {
+            // From a worker of an object of the same key that was deleted and made again.
+            return;
+        }
+        record.memory = Memory::Here(returned.memory);
+        if let Some(held) = record.held.take() {
+            self.dispatch(returned.key, held);
+        }
+    }
+}
+
+impl Handler<Interrupted> for ResourceSupervisor {
+    type Result = ();
+
+    fn handle(&mut self, interrupted: Interrupted, _: &mut Context<Self>) {
+        if let Some(record) = self.records.get_mut(&interrupted.key) {
+            if matches!(record.memory, Memory::Lent(number) if number == interrupted.number) {
+                record.interrupted = true;
             }
         }
     }

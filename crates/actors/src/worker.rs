@@ -18,8 +18,10 @@
 //! * One cycle at a time per object; events are handled in arrival order (minus the coalesced ones).
 //! * A handler's error or panic is that handler's failure; other handlers and objects go on.
 //! * Every log line of a cycle carries the object (the `object` span).
-//! * The object's memory (memo, resume and retry bookkeeping) lives in the supervisor's record of the
-//!   object and survives the worker.
+//! * The object's memory (resume and retry bookkeeping) is the worker's while it runs: lent by the
+//!   supervisor's record at start, moved into each cycle and back, and given back to the
+//!   supervisor ([`Returned`]) when the worker stops, so it survives idling. Dropped work that the
+//!   supervisor must know of (a pause) is told to it ([`Interrupted`]); nothing is shared.
 //!
 //! **Daemons and timers** ([`ObjectDaemons`]) belong to the worker: each cycle decides which should
 //! run (before the changing handlers), every event replaces the live body they read, and when the
@@ -32,7 +34,7 @@
 //! timer running, the worker tells the supervisor, which stops it only if no event was sent since
 //! (the supervisor is the only sender, so none is in flight).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -68,11 +70,12 @@ pub struct Deliver {
     pub received: Instant,
 }
 
-/// A cycle has ended.
+/// A cycle has ended, and gives the object's memory back.
 #[derive(Message)]
 #[rtype(result = "()")]
 struct CycleDone {
     result: Result<Cycle, ProcessingError>,
+    memory: ObjectMemory,
 }
 
 /// A touch after a delay has ended.
@@ -114,6 +117,29 @@ pub struct Idle {
     pub seq: u64,
 }
 
+/// A worker stopped, and gives the object's memory back to the supervisor.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Returned {
+    /// The object's key.
+    pub key: Arc<str>,
+    /// The worker's number (the supervisor's count of workers started).
+    pub number: u64,
+    /// The object's memory.
+    pub memory: ObjectMemory,
+}
+
+/// A worker dropped work it had scheduled (a pause): the supervisor's next listing dispatches the
+/// object even if it did not change.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Interrupted {
+    /// The object's key.
+    pub key: Arc<str>,
+    /// The worker's number.
+    pub number: u64,
+}
+
 /// What every worker of one supervisor shares.
 #[derive(Clone)]
 pub struct WorkerShared {
@@ -131,6 +157,10 @@ pub struct WorkerShared {
     pub error_delays: Arc<[Duration]>,
     /// Where idling is reported.
     pub supervisor: Recipient<Idle>,
+    /// Where the memory goes back when a worker stops.
+    pub returns: Recipient<Returned>,
+    /// Where dropped work is reported.
+    pub interruptions: Recipient<Interrupted>,
     /// What daemons and timers need, when the resource has any.
     pub daemons: Option<Arc<DaemonEnv>>,
 }
@@ -138,8 +168,11 @@ pub struct WorkerShared {
 /// The actor of one object.
 pub struct ObjectWorker {
     key: Arc<str>,
+    /// The supervisor's number for this worker.
+    number: u64,
     memo: Memo,
-    memory: Arc<Mutex<ObjectMemory>>,
+    /// The object's memory, owned; None only while a cycle has it.
+    memory: Option<ObjectMemory>,
     shared: Arc<WorkerShared>,
     busy: bool,
     stopping: bool,
@@ -168,17 +201,20 @@ pub struct ObjectWorker {
 }
 
 impl ObjectWorker {
-    /// A worker for the object known by `key`, with its memo and memory.
+    /// The worker numbered `number` for the object known by `key`, with its memo and memory (given
+    /// back to the supervisor when it stops).
     pub fn new(
         key: Arc<str>,
+        number: u64,
         memo: Memo,
-        memory: Arc<Mutex<ObjectMemory>>,
+        memory: ObjectMemory,
         shared: Arc<WorkerShared>,
     ) -> Self {
         ObjectWorker {
             key,
+            number,
             memo,
-            memory,
+            memory: Some(memory),
             shared,
             busy: false,
             arrived: std::collections::VecDeque::new(),
@@ -212,8 +248,12 @@ impl ObjectWorker {
                         address.do_send(DaemonReport(report));
                     }
                 });
-                // No cycle runs yet, so the memory is in its slot.
-                let excluded = lock(&self.memory).forever_stopped.clone();
+                // No cycle runs yet: the memory is here.
+                let excluded = self
+                    .memory
+                    .as_ref()
+                    .map(|m| m.forever_stopped.clone())
+                    .unwrap_or_default();
                 self.daemons = Some(ObjectDaemons::new(
                     env.clone(),
                     self.memo.clone(),
@@ -233,7 +273,10 @@ impl ObjectWorker {
     }
 
     fn mark_interrupted(&self) {
-        lock(&self.memory).interrupted = true;
+        self.shared.interruptions.do_send(Interrupted {
+            key: self.key.clone(),
+            number: self.number,
+        });
     }
 
     fn cancel_timer(&mut self, ctx: &mut Context<Self>) {
@@ -295,19 +338,15 @@ impl ObjectWorker {
         let span = self.span(&event.body);
         self.last = Some(event);
         let processor = self.shared.processor.clone();
-        let memory = self.memory.clone();
+        // One cycle at a time: the memory goes with it and comes back in `CycleDone`.
+        let mut memory = self.memory.take().unwrap_or_else(|| {
+            tracing::error!(object = %self.key, "a cycle started while another had the memory");
+            ObjectMemory::default()
+        });
         let address = ctx.address();
         let cycle = async move {
-            // Only this object's one cycle at a time uses the memory; the lock is never contended
-            // and is not held across the cycle's awaits.
-            let mut taken = std::mem::take(&mut *lock(&memory));
-            let result = processor.process(input, &mut taken).await;
-            let mut slot = lock(&memory);
-            // A stop during the cycle may have marked the object as interrupted meanwhile.
-            taken.interrupted |= slot.interrupted;
-            *slot = taken;
-            drop(slot);
-            address.do_send(CycleDone { result });
+            let result = processor.process(input, &mut memory).await;
+            address.do_send(CycleDone { result, memory });
         };
         self.shared
             .tracker
@@ -404,10 +443,6 @@ impl ObjectWorker {
     }
 }
 
-fn lock(memory: &Mutex<ObjectMemory>) -> std::sync::MutexGuard<'_, ObjectMemory> {
-    memory.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Actor for ObjectWorker {
     type Context = Context<Self>;
 
@@ -419,10 +454,17 @@ impl Actor for ObjectWorker {
     fn stopped(&mut self, _: &mut Context<Self>) {
         let processor = &self.shared.processor;
         processor.observer.workers_changed(&processor.label, -1);
-        // What ended on its own stays ended for the next worker of the object. A worker stops only
-        // between cycles, so the memory is in its slot.
-        if let Some(daemons) = &self.daemons {
-            lock(&self.memory).forever_stopped = daemons.excluded();
+        // A worker stops only between cycles, so the memory is here; it goes back to the
+        // supervisor, with what ended on its own (it stays ended for the next worker).
+        if let Some(mut memory) = self.memory.take() {
+            if let Some(daemons) = &self.daemons {
+                memory.forever_stopped = daemons.excluded();
+            }
+            self.shared.returns.do_send(Returned {
+                key: self.key.clone(),
+                number: self.number,
+                memory,
+            });
         }
     }
 }
@@ -467,8 +509,9 @@ impl Handler<Deliver> for ObjectWorker {
 impl Handler<CycleDone> for ObjectWorker {
     type Result = ();
 
-    fn handle(&mut self, CycleDone { result }: CycleDone, ctx: &mut Context<Self>) {
+    fn handle(&mut self, CycleDone { result, memory }: CycleDone, ctx: &mut Context<Self>) {
         self.busy = false;
+        self.memory = Some(memory);
         let cycle = match result {
             Ok(cycle) => cycle,
             Err(error) => {

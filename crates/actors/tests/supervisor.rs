@@ -1,88 +1,123 @@
 //! The supervisor and its workers against the cluster.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kactor_actors::supervisor::{Count, ResourceSupervisor, Shutdown, SupervisorConfig};
+use actix::Addr;
+use kactor_actors::supervisor::{
+    Count, Pause, ResourceSupervisor, Resume, Shutdown, SupervisorConfig,
+};
 use kactor_actors::system::ActorSystem;
 use kactor_actors::tracker::Tracker;
 use kactor_emulator::samples;
-use kactor_reactor::handlers::{handler_fn, Ctx, EventHandler, ResourceHandlers};
+use kactor_reactor::handlers::{handler_fn, Ctx, EventHandler, HandlerFn, ResourceHandlers};
 use kactor_reactor::posting::EventPoster;
 use kactor_reactor::resources::Selector;
 use kactor_reactor::settings::Settings;
 use kactor_testenv::TestCluster;
-use kube::api::PostParams;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::json;
 use tokio::sync::Semaphore;
+
+/// A cluster with widgets, and a supervisor of them in `default` with one `on_event` handler.
+struct Supervised {
+    _cluster: TestCluster,
+    widgets: Api<DynamicObject>,
+    actors: ActorSystem,
+    supervisor: Addr<ResourceSupervisor>,
+}
+
+impl Supervised {
+    async fn start(widgets: &[&str], func: HandlerFn, idle_timeout: Duration) -> Supervised {
+        let cluster = TestCluster::start().await.unwrap();
+        let api = samples::install_widgets(&cluster.client()).await.unwrap();
+        for name in widgets {
+            let body = serde_json::from_value(samples::widget(name, 1)).unwrap();
+            api.create(&PostParams::default(), &body).await.unwrap();
+        }
+        let resources = kactor_reactor::discovery::scan(&cluster.client())
+            .await
+            .unwrap();
+        let resource = Selector::parse("widgets.example.com")
+            .resolve(&resources)
+            .unwrap()
+            .clone();
+        let handler = EventHandler {
+            id: "count".into(),
+            selector: Selector::from(&resource),
+            filters: Default::default(),
+            param: None,
+            func,
+        };
+        let mut settings = Settings::default();
+        settings.queueing.idle_timeout = idle_timeout;
+        let config = SupervisorConfig {
+            resource: Arc::new(resource),
+            namespace: Some("default".into()),
+            client: cluster.client(),
+            handlers: Arc::new(ResourceHandlers {
+                event: vec![handler],
+                changing: vec![],
+                spawning: vec![],
+            }),
+            poster: EventPoster::disabled(),
+            settings: Arc::new(settings),
+            runtime: tokio::runtime::Handle::current(),
+            limiter: Arc::new(Semaphore::new(8)),
+            tracker: Arc::new(Tracker::default()),
+            daemon_tracker: Arc::new(Tracker::default()),
+            observer: Arc::new(kactor_reactor::observe::NoObserver),
+            watches: kactor_reactor::observe::WatchBoard::new(),
+            start_paused: false,
+        };
+        let actors = ActorSystem::start().unwrap();
+        let supervisor = actors
+            .start_actor(move || ResourceSupervisor::new(config))
+            .await
+            .unwrap();
+        Supervised {
+            _cluster: cluster,
+            widgets: api,
+            actors,
+            supervisor,
+        }
+    }
+
+    async fn stop(self) {
+        self.supervisor.send(Shutdown).await.unwrap();
+        self.actors.stop();
+    }
+}
+
+/// Waits (up to 10 s) until `done` holds.
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_workers_stop_but_every_objects_record_stays() {
-    let cluster = TestCluster::start().await.unwrap();
-    let widgets = samples::install_widgets(&cluster.client()).await.unwrap();
-    for i in 0..5 {
-        widgets
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(samples::widget(&format!("w{i}"), 1)).unwrap(),
-            )
-            .await
-            .unwrap();
-    }
-    let resources = kactor_reactor::discovery::scan(&cluster.client())
-        .await
-        .unwrap();
-    let resource = Selector::parse("widgets.example.com")
-        .resolve(&resources)
-        .unwrap()
-        .clone();
     let handled = Arc::new(AtomicUsize::new(0));
     let counter = handled.clone();
-    let handler = EventHandler {
-        id: "count".into(),
-        selector: Selector::from(&resource),
-        filters: Default::default(),
-        param: None,
-        func: handler_fn(move |_: Ctx| {
-            counter.fetch_add(1, Ordering::Relaxed);
-            async { Ok(()) }
-        }),
-    };
-    let mut settings = Settings::default();
-    settings.queueing.idle_timeout = Duration::from_millis(100);
-    let config = SupervisorConfig {
-        resource: Arc::new(resource),
-        namespace: Some("default".into()),
-        client: cluster.client(),
-        handlers: Arc::new(ResourceHandlers {
-            event: vec![handler],
-            changing: vec![],
-            spawning: vec![],
-        }),
-        poster: EventPoster::disabled(),
-        settings: Arc::new(settings),
-        runtime: tokio::runtime::Handle::current(),
-        limiter: Arc::new(Semaphore::new(8)),
-        tracker: Arc::new(Tracker::default()),
-        daemon_tracker: Arc::new(Tracker::default()),
-        observer: Arc::new(kactor_reactor::observe::NoObserver),
-        watches: kactor_reactor::observe::WatchBoard::new(),
-        start_paused: false,
-    };
-    let actors = ActorSystem::start().unwrap();
-    let supervisor = actors
-        .start_actor(move || ResourceSupervisor::new(config))
-        .await
-        .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while handled.load(Ordering::Relaxed) < 5 {
-        assert!(tokio::time::Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let busy = supervisor.send(Count).await.unwrap();
+    let func = handler_fn(move |_: Ctx| {
+        counter.fetch_add(1, Ordering::Relaxed);
+        async { Ok(()) }
+    });
+    let names = ["w0", "w1", "w2", "w3", "w4"];
+    let supervised = Supervised::start(&names, func, Duration::from_millis(100)).await;
+    until("five events handled", || {
+        handled.load(Ordering::Relaxed) >= 5
+    })
+    .await;
+    let busy = supervised.supervisor.send(Count).await.unwrap();
     assert_eq!(busy.objects, 5);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let census = supervisor.send(Count).await.unwrap();
+        let census = supervised.supervisor.send(Count).await.unwrap();
         if census.workers == 0 {
             assert_eq!(census.objects, 5, "records outlive their idle workers");
             break;
@@ -93,6 +128,53 @@ async fn idle_workers_stop_but_every_objects_record_stays() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    supervisor.send(Shutdown).await.unwrap();
-    actors.stop();
+    supervised.stop().await;
+}
+
+/// The memory race, pinned: a paused worker drops an event that came while its cycle ran, and the
+/// listing after the resume comes while that cycle still runs (the worker has the object's
+/// memory). The object's version did not change since the event was routed, so only the worker's
+/// report that it dropped work ([`Interrupted`](kactor_actors::worker::Interrupted)) gets the
+/// object dispatched again: the handler sees the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relist_while_a_cycle_runs_dispatches_what_the_paused_worker_dropped() {
+    let gate = Arc::new(Semaphore::new(0));
+    let seen: Arc<Mutex<Vec<i64>>> = Arc::default();
+    let (held, log) = (gate.clone(), seen.clone());
+    let func = handler_fn(move |ctx: Ctx| {
+        let (gate, log) = (held.clone(), log.clone());
+        async move {
+            let size = ctx.spec()["size"].as_i64().unwrap_or_default();
+            log.lock().unwrap().push(size);
+            if size == 1 {
+                // The first cycle runs until the test lets it go.
+                let _ = gate.acquire().await;
+            }
+            Ok(())
+        }
+    });
+    let supervised = Supervised::start(&["w1"], func, Duration::from_secs(60)).await;
+    until("the first cycle runs", || seen.lock().unwrap().len() == 1).await;
+
+    // An event comes while the cycle runs (routed: the supervisor knows its version), then the
+    // pause drops it in the worker.
+    let patch = json!({"spec": {"size": 2}});
+    supervised
+        .widgets
+        .patch("w1", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    supervised.supervisor.send(Pause).await.unwrap();
+    // The relist after the resume, while the first cycle still runs.
+    supervised.supervisor.send(Resume).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(*seen.lock().unwrap(), [1], "the first cycle still runs");
+
+    gate.add_permits(1);
+    until("the dropped change is handled", || {
+        seen.lock().unwrap().last() == Some(&2)
+    })
+    .await;
+    supervised.stop().await;
 }

@@ -149,9 +149,6 @@ pub struct ObjectMemory {
     pub remaining: Vec<PatchFn>,
     /// The diff-base, when it was too large for annotations and the status did not keep it.
     pub oversized_diff_base: Option<Value>,
-    /// The worker stopped (a pause) with work scheduled for the object (a retry, a touch): the next
-    /// listing dispatches it even if it did not change.
-    pub interrupted: bool,
     /// Daemons and timers (by id) that ended on their own: not started again in this process
     /// (Kopf's `forever_stopped`). Kept here by the worker when it stops.
     pub forever_stopped: Arc<HashSet<String>>,
@@ -405,7 +402,6 @@ impl Processor {
         if event.event_type == EventType::Listed {
             memory.noticed_by_listing = true;
         }
-        memory.interrupted = false;
         let patch = Patch::new();
         // Transformations that met a conflict go first; changing handlers wait until they are out.
         patch.extend_fns(std::mem::take(&mut memory.remaining));
