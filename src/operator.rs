@@ -29,11 +29,11 @@ use kactor_health::{Check, HealthActor, HealthServer, HealthState, Metrics};
 use kactor_peering::lease::{LeaderElector, LeaseSettings};
 use kactor_peering::peering::{PeeringMode, PeeringSettings};
 use kactor_reactor::causes::Reason;
-use kactor_reactor::daemons::{Daemon, Spawning, SpawningHandler, Timer};
+use kactor_reactor::daemons::{Daemon, Timer};
 use kactor_reactor::discovery::{self, ResolveError};
 use kactor_reactor::handlers::{
     handler_fn, Activity, ActivityCtx, ChangingHandler, Ctx, EventHandler, HandlerError,
-    HandlerResult, Memo, On, Probe, Registry, ResourceHandlers,
+    HandlerResult, Memo, On, Probe, Registry, ResourceHandlers, Spawning, SpawningHandler,
 };
 use kactor_reactor::metered::{metered, MeteredLayer};
 use kactor_reactor::namespaces::NamespacePatterns;

@@ -40,11 +40,10 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use jiff::Timestamp;
 use kactor_reactor::daemons::{
-    Cancellation, Live, Spawning, SpawningHandler, SpawningKind, StopReason, Stopped, Stopper,
-    Timer,
+    Cancellation, Live, SpawningKind, StopReason, Stopped, Stopper, Timer,
 };
 use kactor_reactor::execution::{execute_once, Invocation};
-use kactor_reactor::handlers::{Attempt, Ctx, Memo, ResourceHandlers};
+use kactor_reactor::handlers::{Attempt, Ctx, Memo, ResourceHandlers, Spawning, SpawningHandler};
 use kactor_reactor::observe::Observer;
 use kactor_reactor::patches::{self, Applied, ApplyError, Changes, Patch};
 use kactor_reactor::posting::EventPoster;

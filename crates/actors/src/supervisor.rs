@@ -186,7 +186,7 @@ impl ResourceSupervisor {
         let resource_label: Arc<str> = Arc::from(config.resource.to_string());
         config
             .observer
-            .resource_served(&resource_label, &config.handlers);
+            .resource_served(&resource_label, &config.handlers.ids());
         ResourceSupervisor {
             resource_label,
             config,

@@ -9,8 +9,10 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use kactor_actors::daemons::{DaemonEnv, ObjectDaemons, PatchSink, Report, Stage};
 use kactor_actors::tracker::Tracker;
-use kactor_reactor::daemons::{Daemon, Spawning, SpawningHandler, SpawningKind, StopReason, Timer};
-use kactor_reactor::handlers::{handler_fn, Ctx, HandlerError, Memo, Options, ResourceHandlers};
+use kactor_reactor::daemons::{Daemon, SpawningKind, StopReason, Timer};
+use kactor_reactor::handlers::{
+    handler_fn, Ctx, HandlerError, Memo, Options, ResourceHandlers, Spawning, SpawningHandler,
+};
 use kactor_reactor::observe::Observer;
 use kactor_reactor::patches::{Applied, ApplyError, Changes};
 use kactor_reactor::posting::EventPoster;

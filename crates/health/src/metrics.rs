@@ -12,7 +12,6 @@
 use std::time::Duration;
 
 use kactor_reactor::daemons::SpawningKind;
-use kactor_reactor::handlers::ResourceHandlers;
 use kactor_reactor::observe::{HandlerRun, Observer, Verdict};
 use kactor_reactor::watching::RestartReason;
 use prometheus::{
@@ -213,7 +212,7 @@ impl Observer for Metrics {
     /// Every counter and gauge of the resource and its handlers, at 0 (as controller-runtime does
     /// for each controller): a dashboard's `rate()` and `absent()` work from the first scrape, not
     /// only once something happened. Histograms appear with their first sample.
-    fn resource_served(&self, resource: &str, handlers: &ResourceHandlers) {
+    fn resource_served(&self, resource: &str, handlers: &[&str]) {
         self.events_received
             .with_label_values(&[resource])
             .inc_by(0);
@@ -228,13 +227,7 @@ impl Observer for Metrics {
             .inc_by(0);
         self.daemons_running.with_label_values(&[resource]).add(0);
         self.timers_running.with_label_values(&[resource]).add(0);
-        let ids = handlers
-            .event
-            .iter()
-            .map(|h| h.id.as_str())
-            .chain(handlers.changing.iter().map(|h| h.id.as_str()))
-            .chain(handlers.spawning.iter().map(|h| h.id.as_str()));
-        for handler in ids {
+        for handler in handlers {
             for verdict in Verdict::ALL {
                 self.handler_runs
                     .with_label_values(&[resource, handler, verdict.as_str()])
@@ -607,20 +600,8 @@ mod tests {
 
     #[test]
     fn every_counter_and_gauge_of_a_served_resource_is_at_zero_from_the_start() {
-        use kactor_reactor::handlers::{handler_fn, Ctx, EventHandler};
         let metrics = Metrics::new().unwrap();
-        let handler = |id: &str| EventHandler {
-            id: id.into(),
-            selector: "widgets.example.com".into(),
-            filters: Default::default(),
-            param: None,
-            func: handler_fn(|_: Ctx| async { Ok(()) }),
-        };
-        let handlers = ResourceHandlers {
-            event: vec![handler("log"), handler("audit")],
-            changing: vec![],
-            spawning: vec![],
-        };
+        let handlers = ["log", "audit"];
         metrics.resource_served(W, &handlers);
         let resource = [("resource", W)];
         for name in [

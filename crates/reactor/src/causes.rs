@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::diffs::Diff;
 use crate::finalizers;
-use crate::watching::EventType;
+use crate::names::EventType;
 
 /// Why changing handlers run (Kopf's `Reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -20,7 +20,8 @@ use std::time::Duration;
 use futures::FutureExt;
 use tokio::time::Instant;
 
-use crate::handlers::{Ctx, ErrorsMode, HandlerError, HandlerFn};
+use crate::context::{Ctx, ErrorsMode, HandlerError, HandlerFn};
+pub use crate::names::Verdict;
 use crate::observe::{ActiveHandler, HandlerRun, Observer};
 use crate::progression::Outcome;
 
@@ -47,43 +48,6 @@ pub struct Invocation<'a> {
     /// Whether it counts as an active handler while it runs (not daemons: they have their own
     /// gauge, and would fill this one forever).
     pub active: bool,
-}
-
-/// How an attempt ended, for metrics and logs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// It succeeded.
-    Success,
-    /// It failed and will be retried.
-    Temporary,
-    /// It failed for good.
-    Permanent,
-    /// It failed and the failure is ignored.
-    Ignored,
-    /// It ran out of time or attempts.
-    Timeout,
-}
-
-impl Verdict {
-    /// Every verdict, in a fixed order.
-    pub const ALL: [Verdict; 5] = [
-        Verdict::Success,
-        Verdict::Temporary,
-        Verdict::Permanent,
-        Verdict::Ignored,
-        Verdict::Timeout,
-    ];
-
-    /// The metric label: `success`, `temporary`, `permanent`, `ignored`, `timeout`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Verdict::Success => "success",
-            Verdict::Temporary => "temporary",
-            Verdict::Permanent => "permanent",
-            Verdict::Ignored => "ignored",
-            Verdict::Timeout => "timeout",
-        }
-    }
 }
 
 /// Runs one attempt: `attempts` came before it, `runtime` passed since the first one. The attempt is
@@ -303,8 +267,8 @@ pub fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
 mod tests {
     use super::*;
     use crate::handlers::{handler_fn, Memo};
+    use crate::names::EventType;
     use crate::resources::Resource;
-    use crate::watching::EventType;
     use serde_json::json;
     use std::sync::Arc;
 

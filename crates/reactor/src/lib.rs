@@ -9,6 +9,7 @@
 
 pub mod api;
 pub mod causes;
+pub mod context;
 pub mod daemons;
 pub mod diffbase;
 pub mod diffs;
@@ -21,6 +22,7 @@ pub mod keys;
 pub mod lifecycles;
 pub mod logging;
 pub mod metered;
+pub mod names;
 pub mod namespaces;
 pub mod observe;
 pub mod patches;
@@ -31,4 +33,5 @@ pub mod progress;
 pub mod progression;
 pub mod resources;
 pub mod settings;
+pub mod stopping;
 pub mod watching;

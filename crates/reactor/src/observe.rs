@@ -10,14 +10,14 @@
 //! implement it for another metrics system.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::daemons::SpawningKind;
-pub use crate::execution::Verdict;
-use crate::handlers::ResourceHandlers;
-use crate::watching::{RestartReason, WatchStatus};
+use tokio::time::Instant;
+
+pub use crate::names::Verdict;
+use crate::names::{RestartReason, SpawningKind};
 
 /// One finished attempt of a handler (changing, event, daemon or timer).
 #[derive(Debug, Clone, Copy)]
@@ -39,10 +39,10 @@ pub struct HandlerRun<'a> {
 
 /// Hooks for metrics. Every method has an empty default.
 pub trait Observer: Send + Sync + 'static {
-    /// The operator serves `resource` (kubectl's form) with these handlers: told when its
-    /// supervisor starts (once per namespace served), before anything else about it, so that
-    /// metrics can show every series at 0 from the first scrape.
-    fn resource_served(&self, _resource: &str, _handlers: &ResourceHandlers) {}
+    /// The operator serves `resource` (kubectl's form) with the handlers of these ids (of every
+    /// kind): told when its supervisor starts (once per namespace served), before anything else
+    /// about it, so that metrics can show every series at 0 from the first scrape.
+    fn resource_served(&self, _resource: &str, _handlers: &[&str]) {}
 
     /// A watch stream of `resource` delivered `count` objects or events (a listing page, a batch).
     fn events_received(&self, _resource: &str, _count: usize) {}
@@ -97,7 +97,7 @@ impl Observer for NoObserver {}
 pub struct Tee(pub Vec<Arc<dyn Observer>>);
 
 impl Observer for Tee {
-    fn resource_served(&self, resource: &str, handlers: &ResourceHandlers) {
+    fn resource_served(&self, resource: &str, handlers: &[&str]) {
         self.0
             .iter()
             .for_each(|o| o.resource_served(resource, handlers));
@@ -152,6 +152,112 @@ impl Observer for Tee {
         self.0
             .iter()
             .for_each(|o| o.api_request(verb, code, duration));
+    }
+}
+
+/// A watcher's health, shared with whoever reports it (health probes, metrics). Cheap to read.
+#[derive(Debug)]
+pub struct WatchStatus {
+    /// When the status was made: the origin of `last_activity_ms` (on tokio's clock, as every
+    /// deadline of the operator).
+    origin: Instant,
+    /// Milliseconds since `origin` of the last response, event or bookmark.
+    last_activity_ms: AtomicU64,
+    /// Whether the initial listing has completed once.
+    pub(crate) listed: AtomicBool,
+    /// Restarts by reason, in the order of [`RestartReason::ALL`].
+    restarts: [AtomicU64; 4],
+    /// Events and listed objects received.
+    pub(crate) received: AtomicU64,
+    /// The failure the watcher could not recover from within its backoffs, while it lasts.
+    failing: Mutex<Option<String>>,
+    /// Whether the stream is stopped on purpose (the operator is paused): silence is no failure.
+    paused: AtomicBool,
+}
+
+impl Default for WatchStatus {
+    fn default() -> Self {
+        WatchStatus::new()
+    }
+}
+
+impl WatchStatus {
+    /// A status whose silence clock starts now.
+    pub fn new() -> Self {
+        WatchStatus {
+            origin: Instant::now(),
+            last_activity_ms: AtomicU64::new(0),
+            listed: AtomicBool::default(),
+            restarts: Default::default(),
+            received: AtomicU64::default(),
+            failing: Mutex::default(),
+            paused: AtomicBool::default(),
+        }
+    }
+
+    fn since_origin_ms(&self) -> u64 {
+        self.origin.elapsed().as_millis() as u64
+    }
+
+    pub(crate) fn touch(&self) {
+        self.last_activity_ms
+            .store(self.since_origin_ms(), Ordering::Relaxed);
+    }
+
+    pub(crate) fn restarted(&self, reason: RestartReason) {
+        if let Some(i) = RestartReason::ALL.iter().position(|r| *r == reason) {
+            self.restarts[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn set_failing(&self, failure: Option<String>) {
+        *self.failing.lock().unwrap_or_else(|p| p.into_inner()) = failure;
+    }
+
+    /// Marks the stream as stopped on purpose (the operator paused) or running again. Resuming
+    /// restarts the silence clock: the time spent paused is not silence.
+    pub fn set_paused(&self, paused: bool) {
+        if !paused {
+            self.touch();
+        }
+        self.paused.store(paused, Ordering::Relaxed);
+    }
+
+    /// Whether the stream is stopped on purpose.
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::Relaxed)
+    }
+
+    /// How long ago the stream last showed life (a response, an event, a bookmark).
+    pub fn idle_for(&self) -> Duration {
+        let last = self.last_activity_ms.load(Ordering::Relaxed);
+        Duration::from_millis(self.since_origin_ms().saturating_sub(last))
+    }
+
+    /// Whether the initial listing has completed at least once.
+    pub fn is_listed(&self) -> bool {
+        self.listed.load(Ordering::Relaxed)
+    }
+
+    /// How often the stream was reopened for this reason.
+    pub fn restarts(&self, reason: RestartReason) -> u64 {
+        RestartReason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .map_or(0, |i| self.restarts[i].load(Ordering::Relaxed))
+    }
+
+    /// Events and listed objects received so far.
+    pub fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    /// The failure that outlasted the backoffs, if the watcher is failing now.
+    pub fn failing(&self) -> Option<String> {
+        self.failing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 

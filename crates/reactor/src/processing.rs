@@ -62,6 +62,7 @@ use crate::execution::{execute_once, Invocation};
 use crate::finalizers;
 use crate::handlers::{Attempt, ChangingHandler, Ctx, ErrorsMode, Memo, ResourceHandlers};
 use crate::keys::KeyForming;
+use crate::names::EventType;
 use crate::observe::{NoObserver, Observer};
 use crate::patches::{self, ApplyError, Patch, PatchFn};
 use crate::posting::EventPoster;
@@ -69,7 +70,6 @@ use crate::progress::ProgressStorage;
 use crate::progression::{Outcome, State};
 use crate::resources::Resource;
 use crate::settings::Settings;
-use crate::watching::EventType;
 
 /// The longest a cycle sleeps for a delayed handler before touching the object anyway (Kopf's
 /// `WAITING_KEEPALIVE_INTERVAL`: 10 minutes).

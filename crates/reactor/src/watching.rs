@@ -1,6 +1,6 @@
 //! The watch stream of one resource in one namespace (or cluster-wide): list, then watch, forever.
 //!
-//! [`Watcher::next_batch`] drives an explicit state machine ([`State`]) and returns the next batch of
+//! [`Watcher::next_batch`] drives an explicit state machine (`State`) and returns the next batch of
 //! [`WatchItem`]s: the objects of one listing page, or the watch events ready at that moment.
 //!
 //! **Expected flow**: list page by page (`limit`/`continue`, consistent as of the first page), then
@@ -23,42 +23,18 @@
 //! [`WatchError::NotServed`]; a request the server rejects as invalid (400, 422) with
 //! [`WatchError::Rejected`]. Both are for the consumer to act on.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use kube::api::{Api, DynamicObject, ListParams, WatchEvent, WatchParams};
-use tokio::time::Instant;
 
+pub use crate::names::{EventType, RestartReason};
+pub use crate::observe::WatchStatus;
 use crate::observe::{NoObserver, Observer};
 use crate::settings::{Networking, Watching};
-
-/// What happened to an object, as a watch stream tells it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum EventType {
-    /// Seen in a listing (Kopf's event type `None`).
-    Listed,
-    /// `ADDED`.
-    Added,
-    /// `MODIFIED`.
-    Modified,
-    /// `DELETED`.
-    Deleted,
-}
-
-impl EventType {
-    /// The wire name, or None for a listing (as Kopf's `event['type']`).
-    pub fn as_str(self) -> Option<&'static str> {
-        match self {
-            EventType::Listed => None,
-            EventType::Added => Some("ADDED"),
-            EventType::Modified => Some("MODIFIED"),
-            EventType::Deleted => Some("DELETED"),
-        }
-    }
-}
 
 /// One thing a watcher delivers.
 #[derive(Debug, Clone)]
@@ -69,145 +45,6 @@ pub enum WatchItem {
     ListDone,
     /// A watch event.
     Event(EventType, DynamicObject),
-}
-
-/// Why a watch stream was reopened (for metrics: `kactor_watch_restarts_total{reason}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RestartReason {
-    /// The stream ended (server timeout, disconnect); resumed from the last resourceVersion.
-    Reconnect,
-    /// The server answered 410 Gone; listed again.
-    Relist410,
-    /// Nothing came for the inactivity timeout; resumed from the last resourceVersion.
-    Inactivity,
-    /// A request failed; retried after a backoff.
-    Error,
-}
-
-impl RestartReason {
-    /// The metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RestartReason::Reconnect => "reconnect",
-            RestartReason::Relist410 => "relist_410",
-            RestartReason::Inactivity => "inactivity",
-            RestartReason::Error => "error",
-        }
-    }
-
-    /// Every reason, in a fixed order.
-    pub const ALL: [RestartReason; 4] = [
-        RestartReason::Reconnect,
-        RestartReason::Relist410,
-        RestartReason::Inactivity,
-        RestartReason::Error,
-    ];
-}
-
-/// A watcher's health, shared with whoever reports it (health probes, metrics). Cheap to read.
-#[derive(Debug)]
-pub struct WatchStatus {
-    /// When the status was made: the origin of `last_activity_ms` (on tokio's clock, as every
-    /// deadline of the operator).
-    origin: Instant,
-    /// Milliseconds since `origin` of the last response, event or bookmark.
-    last_activity_ms: AtomicU64,
-    /// Whether the initial listing has completed once.
-    listed: AtomicBool,
-    /// Restarts by reason, in the order of [`RestartReason::ALL`].
-    restarts: [AtomicU64; 4],
-    /// Events and listed objects received.
-    received: AtomicU64,
-    /// The failure the watcher could not recover from within its backoffs, while it lasts.
-    failing: Mutex<Option<String>>,
-    /// Whether the stream is stopped on purpose (the operator is paused): silence is no failure.
-    paused: AtomicBool,
-}
-
-impl Default for WatchStatus {
-    fn default() -> Self {
-        WatchStatus::new()
-    }
-}
-
-impl WatchStatus {
-    /// A status whose silence clock starts now.
-    pub fn new() -> Self {
-        WatchStatus {
-            origin: Instant::now(),
-            last_activity_ms: AtomicU64::new(0),
-            listed: AtomicBool::default(),
-            restarts: Default::default(),
-            received: AtomicU64::default(),
-            failing: Mutex::default(),
-            paused: AtomicBool::default(),
-        }
-    }
-
-    fn since_origin_ms(&self) -> u64 {
-        self.origin.elapsed().as_millis() as u64
-    }
-
-    fn touch(&self) {
-        self.last_activity_ms
-            .store(self.since_origin_ms(), Ordering::Relaxed);
-    }
-
-    fn restarted(&self, reason: RestartReason) {
-        if let Some(i) = RestartReason::ALL.iter().position(|r| *r == reason) {
-            self.restarts[i].fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    fn set_failing(&self, failure: Option<String>) {
-        *self.failing.lock().unwrap_or_else(|p| p.into_inner()) = failure;
-    }
-
-    /// Marks the stream as stopped on purpose (the operator paused) or running again. Resuming
-    /// restarts the silence clock: the time spent paused is not silence.
-    pub fn set_paused(&self, paused: bool) {
-        if !paused {
-            self.touch();
-        }
-        self.paused.store(paused, Ordering::Relaxed);
-    }
-
-    /// Whether the stream is stopped on purpose.
-    pub fn is_paused(&self) -> bool {
-        self.paused.load(Ordering::Relaxed)
-    }
-
-    /// How long ago the stream last showed life (a response, an event, a bookmark).
-    pub fn idle_for(&self) -> Duration {
-        let last = self.last_activity_ms.load(Ordering::Relaxed);
-        Duration::from_millis(self.since_origin_ms().saturating_sub(last))
-    }
-
-    /// Whether the initial listing has completed at least once.
-    pub fn is_listed(&self) -> bool {
-        self.listed.load(Ordering::Relaxed)
-    }
-
-    /// How often the stream was reopened for this reason.
-    pub fn restarts(&self, reason: RestartReason) -> u64 {
-        RestartReason::ALL
-            .iter()
-            .position(|r| *r == reason)
-            .map_or(0, |i| self.restarts[i].load(Ordering::Relaxed))
-    }
-
-    /// Events and listed objects received so far.
-    pub fn received(&self) -> u64 {
-        self.received.load(Ordering::Relaxed)
-    }
-
-    /// The failure that outlasted the backoffs, if the watcher is failing now.
-    pub fn failing(&self) -> Option<String> {
-        self.failing
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
 }
 
 /// Why a watcher stopped for good.
