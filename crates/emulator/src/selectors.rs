@@ -8,6 +8,7 @@
 use serde_json::Value;
 
 use crate::status::{ApiError, ApiResult};
+use crate::validation::{valid_key, valid_value};
 
 #[derive(Debug, Clone, PartialEq)]
 enum Requirement {
@@ -120,29 +121,6 @@ fn parse_term(term: &str) -> Option<Requirement> {
 fn pair(key: &str, value: &str) -> Option<(String, String)> {
     let (key, value) = (key.trim(), value.trim());
     (valid_key(key) && valid_value(value)).then(|| (key.to_string(), value.to_string()))
-}
-
-/// A label key: an optional DNS-subdomain prefix and `/`, then a name of at most 63 characters.
-pub(crate) fn valid_key(key: &str) -> bool {
-    let (prefix, name) = match key.rsplit_once('/') {
-        Some((prefix, name)) => (Some(prefix), name),
-        None => (None, key),
-    };
-    prefix.is_none_or(crate::validation::is_dns_subdomain) && !name.is_empty() && valid_value(name)
-}
-
-/// A label value: empty, or at most 63 alphanumerics, `-`, `_`, `.`, starting and ending alphanumeric.
-pub(crate) fn valid_value(value: &str) -> bool {
-    if value.is_empty() {
-        return true;
-    }
-    let bytes = value.as_bytes();
-    value.len() <= 63
-        && bytes[0].is_ascii_alphanumeric()
-        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 /// A parsed `fieldSelector`: `field=value`, `field==value` and `field!=value`, all required.

@@ -2,7 +2,6 @@
 
 use serde_json::Value;
 
-use crate::selectors::{valid_key, valid_value};
 use crate::status::Cause;
 
 /// A DNS-1123 subdomain: at most 253 characters of lowercase alphanumerics, `-` and `.`,
@@ -11,6 +10,29 @@ pub fn is_dns_subdomain(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 253
         && name.split('.').all(|part| is_label_chars(part, usize::MAX))
+}
+
+/// A label key: an optional DNS-subdomain prefix and `/`, then a name of at most 63 characters.
+pub(crate) fn valid_key(key: &str) -> bool {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    prefix.is_none_or(is_dns_subdomain) && !name.is_empty() && valid_value(name)
+}
+
+/// A label value: empty, or at most 63 alphanumerics, `-`, `_`, `.`, starting and ending alphanumeric.
+pub(crate) fn valid_value(value: &str) -> bool {
+    if value.is_empty() {
+        return true;
+    }
+    let bytes = value.as_bytes();
+    value.len() <= 63
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 /// A DNS-1123 label: at most 63 lowercase alphanumerics and `-`, starting and ending alphanumeric.

@@ -29,6 +29,7 @@ use serde_json::Value;
 use tokio::runtime::Handle;
 
 use crate::executor::{Clock, Executor};
+use crate::format::seconds;
 use crate::probes::Probes;
 use kactor_reactor::execution::panic_message;
 
@@ -310,15 +311,6 @@ pub(crate) fn silence_limit(silent_watch_timeout: Duration, inactivity: Duration
     silent_watch_timeout.max(inactivity + margin)
 }
 
-/// A duration in seconds as the messages show it: whole seconds from 10 s, tenths below.
-pub(crate) fn seconds(duration: Duration) -> String {
-    if duration >= Duration::from_secs(10) {
-        duration.as_secs().to_string()
-    } else {
-        format!("{:.1}", duration.as_secs_f64())
-    }
-}
-
 /// Which checks a request asks for.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Select<'a> {
@@ -597,13 +589,6 @@ mod tests {
         let ms = Duration::from_millis;
         assert_eq!(silence_limit(ms(50), ms(50)), ms(100), "short timeouts");
         assert_eq!(silence_limit(ms(50), ms(10)), ms(50));
-    }
-
-    #[test]
-    fn seconds_are_whole_from_ten_and_tenths_below() {
-        assert_eq!(seconds(Duration::from_millis(131_400)), "131");
-        assert_eq!(seconds(Duration::from_millis(2_345)), "2.3");
-        assert_eq!(seconds(Duration::from_millis(50)), "0.1");
     }
 
     #[tokio::test]

@@ -22,7 +22,7 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
-use crate::checks::seconds;
+use crate::format::seconds;
 
 /// The runtime's heartbeat and the last sample of each worker.
 pub(crate) struct Executor {

@@ -53,6 +53,7 @@
 pub mod actor;
 pub mod checks;
 mod executor;
+mod format;
 pub mod metrics;
 mod probes;
 pub mod server;

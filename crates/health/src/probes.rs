@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
-use crate::checks::seconds;
+use crate::format::seconds;
 
 /// The probes to run, and the last result.
 #[derive(Default)]
