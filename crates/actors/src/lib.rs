@@ -8,6 +8,7 @@
 //! Start with [`supervisor::ResourceSupervisor`] and [`worker::ObjectWorker`].
 
 pub mod daemons;
+pub mod phase;
 pub mod supervisor;
 pub mod system;
 pub mod tracker;

@@ -3,7 +3,9 @@
 //! **Expected flow**: the supervisor sends each of the object's events as [`Deliver`]. An idle worker
 //! starts a processing cycle at once ([`Processor::process`], run as a task on the operator's runtime,
 //! never on the actor's thread); a busy one keeps only the newest event (coalescing), so the next cycle
-//! sees the newest body, never a backlog of stale states. When a cycle ends, the worker:
+//! sees the newest body, never a backlog of stale states. What the worker does is one [`Phase`]
+//! at a time, and every transition is the pure [`phase::step`] (tested by tables there); this
+//! actor keeps the data and carries out the effects. When a cycle ends, the worker:
 //! * starts the next cycle if an event came meanwhile;
 //! * or, when changing handlers wait for our own last patch to come back through the watch, waits for
 //!   it until `persistence.consistency_timeout`, then runs the cycle again on what it has;
@@ -41,8 +43,7 @@ use actix::prelude::*;
 use kactor_reactor::daemons::StopReason;
 use kactor_reactor::handlers::Memo;
 use kactor_reactor::processing::{
-    Cycle, DaemonsView, Event, Next, ObjectMemory, ProcessingError, Processor, SpawnDecision,
-    Written,
+    Cycle, DaemonsView, Event, ObjectMemory, ProcessingError, Processor, SpawnDecision, Written,
 };
 use kactor_reactor::watching::EventType;
 use kube::api::DynamicObject;
@@ -51,6 +52,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::daemons::{DaemonEnv, ObjectDaemons, Report, Reporter};
+use crate::phase::{self, Effect, Facts, Input, Phase};
 use crate::tracker::Tracker;
 
 /// How many resourceVersions of events arrived during a cycle are kept to recognise our own patch's.
@@ -165,7 +167,8 @@ pub struct WorkerShared {
     pub daemons: Option<Arc<DaemonEnv>>,
 }
 
-/// The actor of one object.
+/// The actor of one object: the data; what it is doing is its [`Phase`], decided by
+/// [`phase::step`].
 pub struct ObjectWorker {
     key: Arc<str>,
     /// The supervisor's number for this worker.
@@ -174,8 +177,9 @@ pub struct ObjectWorker {
     /// The object's memory, owned; None only while a cycle has it.
     memory: Option<ObjectMemory>,
     shared: Arc<WorkerShared>,
-    busy: bool,
-    stopping: bool,
+    phase: Phase,
+    /// The event being delivered, until the phase decides whether it is held.
+    arriving: Option<Deliver>,
     /// The newest event not yet processed.
     pending: Option<Deliver>,
     /// The resourceVersions of the events that arrived during the running cycle or touch (the
@@ -186,16 +190,13 @@ pub struct ObjectWorker {
     last_seq: u64,
     /// The idle timer, the retry sleep, the consistency wait or the throttling pause.
     timer: Option<SpawnHandle>,
-    /// The timer is work to do (not the idle timer).
-    scheduled: bool,
-    throttled: bool,
     throttle_step: usize,
+    /// The error that throttles the object, for the log.
+    error: Option<ProcessingError>,
     /// The version our last patch produced, not yet seen in the watch, and until when to wait for it.
     expected: Option<(String, Instant)>,
     /// The object's daemons and timers (made on the first event, when the resource has any).
     daemons: Option<ObjectDaemons>,
-    /// The operator is paused: nothing starts until the next event.
-    paused: bool,
     /// The last daemon holding the finalizer stopped during a cycle: run the cycle again after it.
     recheck: bool,
 }
@@ -216,21 +217,122 @@ impl ObjectWorker {
             memo,
             memory: Some(memory),
             shared,
-            busy: false,
-            arrived: std::collections::VecDeque::new(),
-            stopping: false,
+            phase: Phase::Idle,
+            arriving: None,
             pending: None,
+            arrived: std::collections::VecDeque::new(),
             last: None,
             last_seq: 0,
             timer: None,
-            scheduled: false,
-            throttled: false,
             throttle_step: 0,
+            error: None,
             expected: None,
             daemons: None,
-            paused: false,
             recheck: false,
         }
+    }
+
+    /// Steps the phase on `input` and carries out the effects, in order.
+    fn apply(&mut self, input: Input, ctx: &mut Context<Self>) {
+        let facts = Facts {
+            // The arriving event is not pending yet: only `Hold` makes it so.
+            pending: self.pending.is_some(),
+            holding: self.holding() > 0,
+            recheck: self.recheck,
+            last_deleted: self
+                .last
+                .as_ref()
+                .is_some_and(|l| l.event_type == EventType::Deleted),
+        };
+        let (phase, effects) = phase::step(self.phase, input, facts);
+        self.phase = phase;
+        for effect in effects {
+            self.carry_out(effect, ctx);
+        }
+        self.arriving = None;
+    }
+
+    fn carry_out(&mut self, effect: Effect, ctx: &mut Context<Self>) {
+        match effect {
+            Effect::CancelTimer => self.cancel_timer(ctx),
+            Effect::Hold => {
+                if let Some(event) = self.arriving.take() {
+                    self.last_seq = self.last_seq.max(event.seq);
+                    if self.pending.replace(event).is_some() {
+                        let processor = &self.shared.processor;
+                        processor.observer.events_coalesced(&processor.label, 1);
+                    }
+                }
+            }
+            Effect::DropPending => self.pending = None,
+            Effect::Cycle => match self.pending.take().or_else(|| self.last.clone()) {
+                Some(event) => self.start_cycle(event, ctx),
+                None => tracing::error!(object = %self.key, "a cycle without an event"),
+            },
+            Effect::Touch => self.start_touch(ctx),
+            Effect::AwaitConsistency => {
+                let wait = self
+                    .expected
+                    .as_ref()
+                    .map_or(Duration::ZERO, |(_, deadline)| {
+                        deadline.saturating_duration_since(Instant::now())
+                    });
+                self.arm(wait, ctx);
+            }
+            Effect::Sleep(delay) => {
+                tracing::debug!(object = %self.key, "Sleeping for {} seconds for the delayed handlers.", delay.as_secs_f64());
+                self.arm(delay, ctx);
+            }
+            Effect::Throttle => {
+                let delays = &self.shared.error_delays;
+                let delay = delays
+                    .get(self.throttle_step)
+                    .or(delays.last())
+                    .copied()
+                    .unwrap_or(Duration::from_secs(1));
+                self.throttle_step += 1;
+                if let Some(error) = self.error.take() {
+                    tracing::error!(object = %self.key, %error, "Throttling for {} seconds due to an unexpected error: {error}", delay.as_secs_f64());
+                }
+                self.arm(delay, ctx);
+            }
+            Effect::Unthrottle => self.throttle_step = 0,
+            Effect::ArmIdle => {
+                let idle = self.shared.idle_timeout;
+                self.arm(idle, ctx);
+            }
+            Effect::ReportIdle => self.shared.supervisor.do_send(Idle {
+                key: self.key.clone(),
+                seq: self.last_seq,
+            }),
+            Effect::Interrupted => self.shared.interruptions.do_send(Interrupted {
+                key: self.key.clone(),
+                number: self.number,
+            }),
+            Effect::Recheck => self.recheck = true,
+            Effect::Rechecked => self.recheck = false,
+            Effect::StopActor => ctx.stop(),
+        }
+    }
+
+    /// Arms the timer: when it fires, the phase decides what it meant.
+    fn arm(&mut self, after: Duration, ctx: &mut Context<Self>) {
+        self.cancel_timer(ctx);
+        self.timer = Some(ctx.run_later(after, |worker, ctx| {
+            worker.timer = None;
+            worker.apply(Input::TimerFired, ctx);
+        }));
+    }
+
+    fn cancel_timer(&mut self, ctx: &mut Context<Self>) {
+        if let Some(timer) = self.timer.take() {
+            ctx.cancel_future(timer);
+        }
+    }
+
+    /// Whether the operator lets daemons and timers start now.
+    fn may_start(&self) -> bool {
+        !matches!(self.phase, Phase::Paused(_) | Phase::Stopping(_))
     }
 
     /// The daemons and timers read the newest body; they are set up on the object's first event.
@@ -272,20 +374,6 @@ impl ObjectWorker {
         self.daemons.as_ref().map_or(0, ObjectDaemons::holding)
     }
 
-    fn mark_interrupted(&self) {
-        self.shared.interruptions.do_send(Interrupted {
-            key: self.key.clone(),
-            number: self.number,
-        });
-    }
-
-    fn cancel_timer(&mut self, ctx: &mut Context<Self>) {
-        self.scheduled = false;
-        if let Some(timer) = self.timer.take() {
-            ctx.cancel_future(timer);
-        }
-    }
-
     fn span(&self, body: &DynamicObject) -> tracing::Span {
         let resource = &self.shared.processor.resource;
         let meta = &body.metadata;
@@ -311,7 +399,6 @@ impl ObjectWorker {
     }
 
     fn start_cycle(&mut self, event: Deliver, ctx: &mut Context<Self>) {
-        self.busy = true;
         self.arrived.clear();
         self.last_seq = self.last_seq.max(event.seq);
         self.cancel_timer(ctx);
@@ -353,93 +440,30 @@ impl ObjectWorker {
             .spawn(&self.shared.runtime, cycle.instrument(span));
     }
 
-    /// Nothing to do now: run what is pending, or wait for what is scheduled, or idle.
-    fn settle(&mut self, ctx: &mut Context<Self>) {
-        if self.stopping {
-            ctx.stop();
+    /// Touches the object after a retry sleep, so that its event starts the next cycle.
+    fn start_touch(&mut self, ctx: &mut Context<Self>) {
+        let Some(last) = self.last.clone() else {
             return;
-        }
-        if self.paused {
-            if self.pending.take().is_some() {
-                self.mark_interrupted();
-            }
-        } else if let Some(next) = self.pending.take() {
-            self.start_cycle(next, ctx);
-            return;
-        }
-        if self.holding() > 0 {
-            // Daemons and timers run: the worker stays (their reports come here).
-            return;
-        }
-        let (key, seq, supervisor) = (
-            self.key.clone(),
-            self.last_seq,
-            self.shared.supervisor.clone(),
-        );
-        self.timer = Some(ctx.run_later(self.shared.idle_timeout, move |_, _| {
-            supervisor.do_send(Idle { key, seq })
-        }));
+        };
+        self.arrived.clear();
+        let processor = self.shared.processor.clone();
+        let address = ctx.address();
+        let span = self.span(&last.body);
+        let touch = async move {
+            let result = processor.touch(&last.body).await;
+            address.do_send(Touched(result));
+        };
+        self.shared
+            .tracker
+            .spawn(&self.shared.runtime, touch.instrument(span));
     }
 
-    /// Runs the cycle again on the last event now (the daemons that held the object have stopped).
-    fn rerun(&mut self, ctx: &mut Context<Self>) {
-        match self.last.clone() {
-            Some(last) if last.event_type != EventType::Deleted => self.start_cycle(last, ctx),
-            _ => self.settle(ctx),
-        }
-    }
-
-    /// Runs the last event again after `after` unless an event comes first.
-    fn rerun_after(&mut self, after: Duration, ctx: &mut Context<Self>) {
-        self.scheduled = true;
-        self.timer = Some(ctx.run_later(after, |worker, ctx| {
-            worker.timer = None;
-            worker.scheduled = false;
-            worker.throttled = false;
-            match worker.pending.take().or_else(|| worker.last.clone()) {
-                Some(event) => worker.start_cycle(event, ctx),
-                None => worker.settle(ctx),
-            }
-        }));
-    }
-
-    /// Sleeps `delay`, then touches the object so that its event starts the next cycle.
-    fn touch_after(&mut self, delay: Duration, ctx: &mut Context<Self>) {
-        tracing::debug!(object = %self.key, "Sleeping for {} seconds for the delayed handlers.", delay.as_secs_f64());
-        self.scheduled = true;
-        self.timer = Some(ctx.run_later(delay, |worker, ctx| {
-            worker.timer = None;
-            worker.scheduled = false;
-            let Some(last) = worker.last.clone() else {
-                return worker.settle(ctx);
-            };
-            worker.busy = true;
-            worker.arrived.clear();
-            let processor = worker.shared.processor.clone();
-            let address = ctx.address();
-            let span = worker.span(&last.body);
-            let touch = async move {
-                let result = processor.touch(&last.body).await;
-                address.do_send(Touched(result));
-            };
-            worker
-                .shared
-                .tracker
-                .spawn(&worker.shared.runtime, touch.instrument(span));
-        }));
-    }
-
-    fn throttle(&mut self, error: &ProcessingError, ctx: &mut Context<Self>) {
-        let delays = &self.shared.error_delays;
-        let delay = delays
-            .get(self.throttle_step)
-            .or(delays.last())
-            .copied()
-            .unwrap_or(Duration::from_secs(1));
-        self.throttle_step += 1;
-        tracing::error!(object = %self.key, %error, "Throttling for {} seconds due to an unexpected error: {error}", delay.as_secs_f64());
-        self.throttled = true;
-        self.rerun_after(delay, ctx);
+    /// A task runs: what arrives meanwhile may be our own patch's version.
+    fn busy(&self) -> bool {
+        matches!(
+            self.phase,
+            Phase::Busy(_) | Phase::Paused(Some(_)) | Phase::Stopping(Some(_))
+        )
     }
 }
 
@@ -474,14 +498,12 @@ impl Handler<Deliver> for ObjectWorker {
 
     fn handle(&mut self, event: Deliver, ctx: &mut Context<Self>) {
         self.observe(&event, ctx);
-        // Events come again only after a resume (the supervisor drops what a paused stream sent).
-        self.paused = false;
         if let Some((expected, _)) = &self.expected {
             if event.body.metadata.resource_version.as_deref() == Some(expected.as_str()) {
                 self.expected = None;
             }
         }
-        if self.busy {
+        if self.busy() {
             if let Some(rv) = event.body.metadata.resource_version.as_deref() {
                 if self.arrived.len() == ARRIVED_KEPT {
                     self.arrived.pop_front();
@@ -489,20 +511,8 @@ impl Handler<Deliver> for ObjectWorker {
                 self.arrived.push_back(rv.into());
             }
         }
-        if self.stopping {
-            return;
-        }
-        if self.busy || self.throttled {
-            // Coalesce: the next cycle sees the newest body. A deletion is always the newest event.
-            self.last_seq = self.last_seq.max(event.seq);
-            if self.pending.replace(event).is_some() {
-                let processor = &self.shared.processor;
-                processor.observer.events_coalesced(&processor.label, 1);
-            }
-        } else {
-            // Ends an idle wait, a retry sleep or a consistency wait at once.
-            self.start_cycle(event, ctx);
-        }
+        self.arriving = Some(event);
+        self.apply(Input::Event, ctx);
     }
 }
 
@@ -510,51 +520,22 @@ impl Handler<CycleDone> for ObjectWorker {
     type Result = ();
 
     fn handle(&mut self, CycleDone { result, memory }: CycleDone, ctx: &mut Context<Self>) {
-        self.busy = false;
         self.memory = Some(memory);
-        let cycle = match result {
-            Ok(cycle) => cycle,
+        let next = match result {
+            Ok(cycle) => {
+                match cycle.written {
+                    Written::Version(version) => self.expect(Some(version)),
+                    Written::Unversioned => self.expect(None),
+                    Written::Nothing | Written::Gone => {}
+                }
+                Some(cycle.next)
+            }
             Err(error) => {
-                if self.stopping {
-                    return ctx.stop();
-                }
-                if self.paused {
-                    self.mark_interrupted();
-                    return self.settle(ctx);
-                }
-                return self.throttle(&error, ctx);
+                self.error = Some(error);
+                None
             }
         };
-        self.throttle_step = 0;
-        match cycle.written {
-            Written::Version(version) => self.expect(Some(version)),
-            Written::Unversioned => self.expect(None),
-            Written::Nothing | Written::Gone => {}
-        }
-        let scheduled = matches!(cycle.next, Next::AwaitOwnPatch | Next::RetryAfter(_));
-        if self.paused && scheduled {
-            self.mark_interrupted();
-        }
-        if self.stopping || self.paused || self.pending.is_some() {
-            return self.settle(ctx);
-        }
-        if std::mem::take(&mut self.recheck) {
-            return self.rerun(ctx);
-        }
-        match cycle.next {
-            Next::AwaitOwnPatch => {
-                let wait = self
-                    .expected
-                    .as_ref()
-                    .map_or(Duration::ZERO, |(_, deadline)| {
-                        deadline.saturating_duration_since(Instant::now())
-                    });
-                self.rerun_after(wait, ctx);
-            }
-            Next::RetryAfter(delay) => self.touch_after(delay, ctx),
-            // The last daemon's report runs the cycle again (`recheck`, or a rerun).
-            Next::AwaitDaemons | Next::Idle => self.settle(ctx),
-        }
+        self.apply(Input::CycleDone(next), ctx);
     }
 }
 
@@ -562,20 +543,17 @@ impl Handler<Touched> for ObjectWorker {
     type Result = ();
 
     fn handle(&mut self, Touched(result): Touched, ctx: &mut Context<Self>) {
-        self.busy = false;
-        match result {
+        let ok = match result {
             Ok(version) => {
-                self.throttle_step = 0;
                 self.expect(version);
-                self.settle(ctx);
+                true
             }
             Err(error) => {
-                if self.stopping {
-                    return ctx.stop();
-                }
-                self.throttle(&error, ctx);
+                self.error = Some(error);
+                false
             }
-        }
+        };
+        self.apply(Input::TouchDone(ok), ctx);
     }
 }
 
@@ -583,17 +561,10 @@ impl Handler<Stop> for ObjectWorker {
     type Result = ();
 
     fn handle(&mut self, _: Stop, ctx: &mut Context<Self>) {
-        if self.busy || self.scheduled || self.pending.is_some() {
-            self.mark_interrupted();
-        }
-        self.stopping = true;
-        self.pending = None;
-        self.cancel_timer(ctx);
+        // The phase first (it tells dropped work while the daemons still count as holding).
+        self.apply(Input::Stop, ctx);
         if let Some(daemons) = &mut self.daemons {
             daemons.stop_all(StopReason::OperatorExiting);
-        }
-        if !self.busy {
-            ctx.stop();
         }
     }
 }
@@ -602,20 +573,11 @@ impl Handler<Pause> for ObjectWorker {
     type Result = ();
 
     fn handle(&mut self, _: Pause, ctx: &mut Context<Self>) {
-        if self.scheduled || self.pending.is_some() || self.holding() > 0 {
-            // The listing after the resume dispatches the object even if unchanged, so that its
-            // retries go on and its daemons and timers start again.
-            self.mark_interrupted();
-        }
-        self.paused = true;
-        self.pending = None;
-        self.throttled = false;
+        // The phase first: running daemons count as dropped work, which the listing after the
+        // resume starts again.
+        self.apply(Input::Pause, ctx);
         if let Some(daemons) = &mut self.daemons {
             daemons.stop_all(StopReason::OperatorPausing);
-        }
-        if !self.busy {
-            self.cancel_timer(ctx);
-            self.settle(ctx);
         }
     }
 }
@@ -624,7 +586,7 @@ impl Handler<Decided> for ObjectWorker {
     type Result = ();
 
     fn handle(&mut self, Decided(decision): Decided, _: &mut Context<Self>) {
-        let may_start = !self.paused && !self.stopping;
+        let may_start = self.may_start();
         if let Some(daemons) = &mut self.daemons {
             daemons.apply(&decision, may_start);
         }
@@ -635,7 +597,7 @@ impl Handler<DaemonReport> for ObjectWorker {
     type Result = ();
 
     fn handle(&mut self, DaemonReport(report): DaemonReport, ctx: &mut Context<Self>) {
-        let may_start = !self.paused && !self.stopping;
+        let may_start = self.may_start();
         let Some(daemons) = &mut self.daemons else {
             return;
         };
@@ -644,19 +606,8 @@ impl Handler<DaemonReport> for ObjectWorker {
             Report::Exited { index, generation } => daemons.exited(index, generation, may_start),
             Report::Abandoned { index, generation } => daemons.abandoned(index, generation),
         };
-        if !known || self.stopping {
-            return;
-        }
-        if before > 0 && daemons.holding() == 0 {
-            // Nothing holds the object any more: a cycle releases (or drops) the finalizer now,
-            // instead of waiting for the next event.
-            if self.paused {
-                self.settle(ctx);
-            } else if self.busy {
-                self.recheck = true;
-            } else if self.pending.is_none() && !self.throttled {
-                self.rerun(ctx);
-            }
+        if known && before > 0 && daemons.holding() == 0 {
+            self.apply(Input::Released, ctx);
         }
     }
 }
