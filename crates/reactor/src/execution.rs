@@ -85,7 +85,13 @@ async fn attempt(
     runtime: Duration,
 ) -> (Outcome, Verdict) {
     let title = format!("Handler '{}'", handler.id);
-    let post = |ctx: &Ctx, error: bool, message: &str| {
+    // Logged, and for changing handlers posted as a Kubernetes Event about the object.
+    let report = |error: bool, message: &str| {
+        if error {
+            tracing::error!(handler = handler.id, "{message}");
+        } else {
+            tracing::info!(handler = handler.id, "{message}");
+        }
         if handler.post_events {
             if error {
                 ctx.exception("Logging", message);
@@ -94,142 +100,155 @@ async fn attempt(
             }
         }
     };
-    if let Some(timeout) = handler.timeout {
-        if runtime >= timeout {
-            let message = format!("{title} has timed out after {}.", seconds(runtime));
-            tracing::error!(handler = handler.id, "{message}");
-            post(&ctx, true, &message);
-            return (failed_for_good(message), Verdict::Timeout);
-        }
+    if let Some(message) = exhausted(handler, &title, attempts, runtime) {
+        report(true, &message);
+        return (failed_for_good(message), Verdict::Timeout);
     }
-    if let Some(retries) = handler.retries {
-        if attempts >= retries {
-            let message = format!("{title} has exceeded {attempts} retries.");
-            tracing::error!(handler = handler.id, "{message}");
-            post(&ctx, true, &message);
-            return (failed_for_good(message), Verdict::Timeout);
-        }
-    }
-
     tracing::debug!(handler = handler.id, "{title} is invoked.");
-    let call = AssertUnwindSafe((handler.func)(ctx.clone())).catch_unwind();
+    let result = match invoke(handler, &title, ctx.clone(), runtime).await {
+        Ok(result) => result,
+        Err(message) => {
+            report(true, &message);
+            return (failed_for_good(message), Verdict::Timeout);
+        }
+    };
+    let judged = judge(handler, &title, result, attempts, runtime);
+    report(judged.verdict != Verdict::Success, &judged.text);
+    (judged.outcome, judged.verdict)
+}
+
+/// Whether the handler is out of time or attempts before this attempt: the message saying so.
+fn exhausted(
+    handler: &Invocation<'_>,
+    title: &str,
+    attempts: u32,
+    runtime: Duration,
+) -> Option<String> {
+    if handler.timeout.is_some_and(|timeout| runtime >= timeout) {
+        return Some(format!("{title} has timed out after {}.", seconds(runtime)));
+    }
+    if handler.retries.is_some_and(|retries| attempts >= retries) {
+        return Some(format!("{title} has exceeded {attempts} retries."));
+    }
+    None
+}
+
+/// Calls the handler, for what is left of its timeout; a panic is its error. Err: it ran out of
+/// time and was cancelled (the message saying so).
+async fn invoke(
+    handler: &Invocation<'_>,
+    title: &str,
+    ctx: Ctx,
+    runtime: Duration,
+) -> Result<Result<serde_json::Value, HandlerError>, String> {
+    let call = AssertUnwindSafe((handler.func)(ctx)).catch_unwind();
     let result = match handler.timeout {
-        Some(timeout) => match tokio::time::timeout(timeout - runtime, call).await {
-            Ok(result) => result,
-            Err(_) => {
-                let message = format!(
+        Some(timeout) => tokio::time::timeout(timeout - runtime, call)
+            .await
+            .map_err(|_| {
+                format!(
                     "{title} has timed out after {} (cancelled while running).",
                     seconds(timeout)
-                );
-                tracing::error!(handler = handler.id, "{message}");
-                post(&ctx, true, &message);
-                return (failed_for_good(message), Verdict::Timeout);
-            }
-        },
+                )
+            })?,
         None => call.await,
     };
-    let result = result.unwrap_or_else(|panic| Err(HandlerError::Panicked(panic_message(&panic))));
+    Ok(result.unwrap_or_else(|panic| Err(HandlerError::Panicked(panic_message(&panic)))))
+}
 
+/// What an attempt came to, and the line that says so.
+struct Judged {
+    outcome: Outcome,
+    verdict: Verdict,
+    text: String,
+}
+
+/// Kopf's reading of a handler's result: success, a temporary failure (retried after its delay
+/// unless the next attempt would be one too many), a permanent one, or any other error per the
+/// handler's [`ErrorsMode`].
+fn judge(
+    handler: &Invocation<'_>,
+    title: &str,
+    result: Result<serde_json::Value, HandlerError>,
+    attempts: u32,
+    runtime: Duration,
+) -> Judged {
     // Would the next attempt, after `delay`, be one too many?
     let lookahead = |delay: Duration| -> Option<String> {
-        if handler
-            .timeout
-            .is_some_and(|timeout| runtime + delay >= timeout)
-        {
-            Some(format!(
-                "will time out after {} seconds",
-                seconds(handler.timeout.unwrap_or_default())
-            ))
-        } else if handler.retries.is_some_and(|r| attempts + 1 >= r) {
-            Some(format!(
-                "will exceed {} retries",
-                handler.retries.unwrap_or_default()
-            ))
+        if let Some(timeout) = handler.timeout.filter(|t| runtime + delay >= *t) {
+            Some(format!("will time out after {} seconds", seconds(timeout)))
         } else {
-            None
+            handler
+                .retries
+                .filter(|r| attempts + 1 >= *r)
+                .map(|r| format!("will exceed {r} retries"))
         }
     };
-
+    let judged = |outcome, verdict, text| Judged {
+        outcome,
+        verdict,
+        text,
+    };
+    let retry = |message: String, delay: Duration| Outcome {
+        final_: false,
+        error: Some(message),
+        delay: Some(delay),
+        result: None,
+    };
     match result {
         Ok(value) => {
-            let message = format!("{title} succeeded.");
-            tracing::info!(handler = handler.id, "{message}");
-            post(&ctx, false, &message);
             let outcome = Outcome {
                 final_: true,
                 result: (!value.is_null()).then_some(value),
                 ..Outcome::default()
             };
-            (outcome, Verdict::Success)
+            judged(outcome, Verdict::Success, format!("{title} succeeded."))
         }
-        Err(HandlerError::Temporary { message, delay }) => {
-            if let Some(limit) = lookahead(delay) {
+        Err(HandlerError::Temporary { message, delay }) => match lookahead(delay) {
+            Some(limit) => {
                 let text = format!("{title} failed temporarily but {limit}: {message}");
-                tracing::error!(handler = handler.id, "{text}");
-                post(&ctx, true, &text);
-                return (failed_for_good(text), Verdict::Timeout);
+                judged(failed_for_good(text.clone()), Verdict::Timeout, text)
             }
-            let text = format!("{title} failed temporarily: {message}");
-            tracing::error!(handler = handler.id, "{text}");
-            post(&ctx, true, &text);
-            let outcome = Outcome {
-                final_: false,
-                error: Some(message),
-                delay: Some(delay),
-                result: None,
-            };
-            (outcome, Verdict::Temporary)
-        }
+            None => {
+                let text = format!("{title} failed temporarily: {message}");
+                judged(retry(message, delay), Verdict::Temporary, text)
+            }
+        },
         Err(HandlerError::Permanent(message)) => {
             let text = format!("{title} failed permanently: {message}");
-            tracing::error!(handler = handler.id, "{text}");
-            post(&ctx, true, &text);
-            (failed_for_good(message), Verdict::Permanent)
+            judged(failed_for_good(message), Verdict::Permanent, text)
         }
         Err(error) => {
             let message = error.to_string();
+            let exception = format!("{title} failed with an exception and will");
             match handler.errors {
                 ErrorsMode::Ignored => {
-                    let text =
-                        format!("{title} failed with an exception and will ignore it: {message}");
-                    tracing::error!(handler = handler.id, "{text}");
-                    post(&ctx, true, &text);
                     let outcome = Outcome {
                         final_: true,
                         ..Outcome::default()
                     };
-                    (outcome, Verdict::Ignored)
+                    let text = format!("{exception} ignore it: {message}");
+                    judged(outcome, Verdict::Ignored, text)
                 }
                 ErrorsMode::Permanent => {
-                    let text =
-                        format!("{title} failed with an exception and will stop now: {message}");
-                    tracing::error!(handler = handler.id, "{text}");
-                    post(&ctx, true, &text);
-                    (failed_for_good(message), Verdict::Permanent)
+                    let text = format!("{exception} stop now: {message}");
+                    judged(failed_for_good(message), Verdict::Permanent, text)
                 }
-                ErrorsMode::Temporary => {
-                    if let Some(limit) = lookahead(handler.backoff) {
+                ErrorsMode::Temporary => match lookahead(handler.backoff) {
+                    Some(limit) => {
                         let text = format!(
-                            "{title} failed with an exception and will stop now (it {limit} on the next attempt): {message}"
+                            "{exception} stop now (it {limit} on the next attempt): {message}"
                         );
-                        tracing::error!(handler = handler.id, "{text}");
-                        post(&ctx, true, &text);
-                        return (failed_for_good(text), Verdict::Timeout);
+                        judged(failed_for_good(text.clone()), Verdict::Timeout, text)
                     }
-                    let text = format!(
-                        "{title} failed with an exception and will try again in {} seconds: {message}",
-                        seconds(handler.backoff)
-                    );
-                    tracing::error!(handler = handler.id, "{text}");
-                    post(&ctx, true, &text);
-                    let outcome = Outcome {
-                        final_: false,
-                        error: Some(message),
-                        delay: Some(handler.backoff),
-                        result: None,
-                    };
-                    (outcome, Verdict::Temporary)
-                }
+                    None => {
+                        let text = format!(
+                            "{exception} try again in {} seconds: {message}",
+                            seconds(handler.backoff)
+                        );
+                        judged(retry(message, handler.backoff), Verdict::Temporary, text)
+                    }
+                },
             }
         }
     }

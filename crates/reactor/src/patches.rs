@@ -256,33 +256,7 @@ pub async fn apply(
     let name = body.metadata.name.clone().unwrap_or_default();
     let has_status = resource.subresources.iter().any(|s| s == "status");
 
-    let mut merge = changes.merge;
-    let mut status = if has_status {
-        merge.remove("status")
-    } else {
-        None
-    };
-    // The framework's own state kept in the status (`status.kopf`: a diff-base too large for an
-    // annotation) is bookkeeping like the annotations: it goes after them.
-    let bookkeeping = match &mut status {
-        Some(Value::Object(fields)) => fields.remove(KOPF_STATUS),
-        _ => None,
-    };
-    let mut requests: Vec<(&'static str, bool, Value)> = Vec::new();
-    if let Some(status) = status.filter(|s| s.as_object().is_none_or(|s| !s.is_empty())) {
-        requests.push(("the status", true, serde_json::json!({ "status": status })));
-    }
-    if !merge.is_empty() {
-        requests.push(("the object", false, Value::Object(merge)));
-    }
-    if let Some(bookkeeping) = bookkeeping {
-        requests.push((
-            "the status's bookkeeping",
-            true,
-            serde_json::json!({ "status": { KOPF_STATUS: bookkeeping } }),
-        ));
-    }
-    for (what, to_status, patch) in requests {
+    for (what, to_status, patch) in merge_requests(changes.merge, has_status) {
         let response = crate::api::retrying(backoffs, what, || {
             let (api, name, patch) = (&api, &name, &patch);
             async move {
@@ -344,6 +318,41 @@ pub async fn apply(
         applied.released = object.metadata.deletion_timestamp.is_some() && !finalizers;
     }
     Ok(applied)
+}
+
+/// The merge patches a cycle's merge splits into, in the order they go out, each with what it is
+/// (for errors) and whether it goes to `/status`: the results (`/status`) first, then the body
+/// (progress, diff-base), then the framework's own state kept in the status (`status.kopf`, a
+/// diff-base too large for an annotation). A crash between two of them re-runs a handler rather
+/// than losing its result. Without a status subresource, all is one patch of the body.
+fn merge_requests(
+    mut merge: serde_json::Map<String, Value>,
+    has_status: bool,
+) -> Vec<(&'static str, bool, Value)> {
+    let mut status = if has_status {
+        merge.remove("status")
+    } else {
+        None
+    };
+    let bookkeeping = match &mut status {
+        Some(Value::Object(fields)) => fields.remove(KOPF_STATUS),
+        _ => None,
+    };
+    let mut requests = Vec::new();
+    if let Some(status) = status.filter(|s| s.as_object().is_none_or(|s| !s.is_empty())) {
+        requests.push(("the status", true, serde_json::json!({ "status": status })));
+    }
+    if !merge.is_empty() {
+        requests.push(("the object", false, Value::Object(merge)));
+    }
+    if let Some(bookkeeping) = bookkeeping {
+        requests.push((
+            "the status's bookkeeping",
+            true,
+            serde_json::json!({ "status": { KOPF_STATUS: bookkeeping } }),
+        ));
+    }
+    requests
 }
 
 /// Applies the transformations to a JSON copy of `body` and sends the difference as JSON patches
@@ -469,6 +478,36 @@ fn compare(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn results_go_first_then_the_body_then_the_status_bookkeeping() {
+        let merge = serde_json::json!({
+            "metadata": {"annotations": {"kopf.zalando.org/create_fn": "{}"}},
+            "status": {"create_fn": {"done": true}, "kopf": {"last-handled-configuration": "{}"}},
+        });
+        let Value::Object(merge) = merge else {
+            unreachable!()
+        };
+        let order: Vec<(&str, bool)> = merge_requests(merge.clone(), true)
+            .into_iter()
+            .map(|(what, to_status, _)| (what, to_status))
+            .collect();
+        assert_eq!(
+            order,
+            [
+                ("the status", true),
+                ("the object", false),
+                ("the status's bookkeeping", true)
+            ]
+        );
+        let whole = merge_requests(merge, false);
+        assert_eq!(
+            whole.len(),
+            1,
+            "no status subresource: one patch of the body"
+        );
+        assert_eq!(whole[0].2["status"]["create_fn"]["done"], true);
+    }
     use serde_json::json;
 
     #[test]
