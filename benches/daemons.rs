@@ -481,6 +481,10 @@ fn index_of(name: &str) -> Option<usize> {
     name.strip_prefix('w')?.parse().ok()
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one benchmark scenario with its report, read top to bottom"
+)]
 async fn timers(emulator_runtime: &Runtime, objects: usize, window: Duration) {
     println!("timers: {objects} objects, Timer::every({INTERVAL:?}), a handler that does nothing");
     let emulator = new_emulator(emulator_runtime, objects).await;

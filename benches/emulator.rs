@@ -103,6 +103,10 @@ fn rate(count: usize, elapsed: Duration) -> String {
 }
 
 #[tokio::main(flavor = "multi_thread")]
+#[allow(
+    clippy::too_many_lines,
+    reason = "the benchmark's whole run and report, read top to bottom"
+)]
 async fn main() {
     // `cargo bench` passes --bench; `cargo test --all-targets` does not, and then a small run proves
     // the benchmark still works without spending the test suite's time.

@@ -144,6 +144,10 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
 }
 
 #[tokio::main(flavor = "multi_thread")]
+#[allow(
+    clippy::too_many_lines,
+    reason = "the benchmark's whole run and report, read top to bottom"
+)]
 async fn main() {
     let measuring = std::env::args().any(|a| a == "--bench");
     let args: Vec<usize> = std::env::args()

@@ -94,6 +94,10 @@ struct Modifications(u32);
 struct Ticks(u32);
 
 /// The tour's operator: one handler of every kind for `Widget`s, each saying what it sees.
+#[allow(
+    clippy::too_many_lines,
+    reason = "the tour: one handler of every kind, in one list for the reader"
+)]
 pub fn operator(narrator: &Narrator) -> Operator {
     let widgets = Selector::of::<Widget>();
     let say = narrator.clone();

@@ -338,6 +338,10 @@ impl Setup {
         format!("serving {scope}; {peering}; {election}")
     }
 
+    #[allow(
+        clippy::too_many_lines,
+        reason = "one rule per kind of handler and setting, read as a table"
+    )]
     fn requirements(&self, handled: &[Handled]) -> Requirements {
         let mut permissions = Vec::new();
         // Where events are posted, and whether only about cluster-scoped objects.

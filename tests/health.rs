@@ -64,6 +64,7 @@ async fn a_handler_blocking_an_executor_thread_fails_liveness() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::too_many_lines, reason = "one scenario, read top to bottom")]
 async fn metrics_parse_as_prometheus_text_and_move_as_objects_are_handled() {
     let (cluster, widgets) = cluster_with_widgets().await;
     let port = free_port();

@@ -223,6 +223,10 @@ const fn builtin(
 }
 
 /// The built-in kinds, stored as plain objects (no controllers act on them).
+#[allow(
+    clippy::too_many_lines,
+    reason = "a table of the built-in kinds, one entry each"
+)]
 fn builtins() -> Vec<Builtin> {
     const ALL: &[&str] = &["all"];
     let mut list = vec![
@@ -417,6 +421,10 @@ pub fn builtin_types() -> Vec<Arc<ResourceType>> {
 }
 
 /// Reads a CustomResourceDefinition into the resource type it serves, or says why it is invalid.
+#[allow(
+    clippy::too_many_lines,
+    reason = "the API server's checks of a CRD, in its order, one after the other"
+)]
 pub fn from_crd(crd: &Value) -> ApiResult<ResourceType> {
     let name = crd["metadata"]["name"].as_str().unwrap_or_default();
     let spec = &crd["spec"];

@@ -483,6 +483,10 @@ fn resolve_target(state: &State, group: &str, version: &str, rest: &[&str]) -> A
     })
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "the routing table of a resource's verbs, one arm each"
+)]
 async fn resource(
     shared: &Arc<Shared>,
     call: Call,

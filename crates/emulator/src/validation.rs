@@ -63,6 +63,10 @@ pub enum NameRule {
 }
 
 /// Checks the name, labels, annotations, finalizers and owner references of an object.
+#[allow(
+    clippy::too_many_lines,
+    reason = "the API server's metadata checks, in its order, one after the other"
+)]
 pub fn validate_metadata(object: &Value, rule: NameRule) -> Vec<Cause> {
     let mut causes = Vec::new();
     let meta = &object["metadata"];

@@ -440,6 +440,7 @@ async fn kubectl_patches_custom_resources_with_merge_and_json_patches() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[allow(clippy::too_many_lines, reason = "one scenario, read top to bottom")]
 async fn kubectl_get_watch_streams_changes_as_they_happen() {
     let Some((kubectl, cluster)) =
         Kubectl::start("kubectl_get_watch_streams_changes_as_they_happen").await
@@ -653,6 +654,7 @@ fn lines_of(output: &str) -> Vec<Value> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[allow(clippy::too_many_lines, reason = "one scenario, read top to bottom")]
 async fn python_client_lists_and_watches_custom_objects_and_configmaps() {
     const TEST: &str = "python_client_lists_and_watches_custom_objects_and_configmaps";
     let Some(python) = common::python(TEST, &["kubernetes"]).await else {
@@ -830,6 +832,7 @@ async fn python_client_lists_and_watches_custom_objects_and_configmaps() {
 // ---- Kopf ------------------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread")]
+#[allow(clippy::too_many_lines, reason = "one scenario, read top to bottom")]
 async fn kopf_operator_handles_create_update_and_delete() {
     const TEST: &str = "kopf_operator_handles_create_update_and_delete";
     const FINALIZER: &str = "kopf.zalando.org/KopfFinalizerMarker";

@@ -79,6 +79,10 @@ impl Metrics {
 
     /// The metrics in the user's registry (which may hold the process collector already: it is not
     /// added here). Fails if a family of the same name is registered there already.
+    #[allow(
+        clippy::too_many_lines,
+        reason = "the table of every metric family, one registration each"
+    )]
     pub fn with_registry(registry: Registry) -> Result<Metrics, prometheus::Error> {
         let counter = |name: &str, help: &str, labels: &[&str]| -> prometheus::Result<_> {
             let family = IntCounterVec::new(Opts::new(name, help), labels)?;

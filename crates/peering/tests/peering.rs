@@ -827,6 +827,7 @@ mod kopf {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::too_many_lines, reason = "one scenario, read top to bottom")]
 async fn kopf_and_kactor_pause_in_favour_of_each_other() {
     const TEST: &str = "kopf_and_kactor_pause_in_favour_of_each_other";
     let Some(python) = kopf::python(TEST).await else {

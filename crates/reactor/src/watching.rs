@@ -189,6 +189,10 @@ impl Watcher {
     ///
     /// Cancel-safe: dropping the future (in a `select!`) loses nothing. The state only changes once a
     /// request has been answered; a dropped request is simply made again by the next call.
+    #[allow(
+        clippy::too_many_lines,
+        reason = "the watch stream's explicit state machine: one arm per state, read as a table"
+    )]
     pub async fn next_batch(&mut self) -> Result<Vec<WatchItem>, WatchError> {
         loop {
             match &mut self.state {
