@@ -23,7 +23,6 @@
 //! ```
 
 use std::ffi::OsString;
-use std::io::{Read, Write};
 use std::path::PathBuf;
 
 use clap::builder::BoolishValueParser;
@@ -32,9 +31,8 @@ use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, CommandFactory, FromArgMatches, Parser};
 use tracing::Level;
 
-use crate::error::Error;
 use crate::logging::{LogFormat, LogSettings};
-use crate::operator::Operator;
+pub use crate::scope::Scope;
 
 /// The warning for an operator started with neither `--namespace` nor `--all-namespaces`, as Kopf's
 /// `FutureWarning`.
@@ -213,17 +211,6 @@ pub struct RunArgs {
     pub liveness: Option<String>,
 }
 
-/// Which namespaces the operator serves.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Scope {
-    /// All namespaces, with cluster-wide list and watch requests (`-A`, or no option at all).
-    ClusterWide,
-    /// The namespaces matching these patterns, one string per `-n` option, each possibly a
-    /// comma-separated list of globs and negations (Kopf's syntax), matched against the namespaces
-    /// that exist, which the operator then watches one by one.
-    Namespaces(Vec<String>),
-}
-
 impl RunArgs {
     /// The namespaces to serve: [`Scope::Namespaces`] with `-n`, else [`Scope::ClusterWide`].
     ///
@@ -394,114 +381,6 @@ impl RbacArgs {
             .or_else(|| std::env::var("POD_NAMESPACE").ok())
             .unwrap_or_else(|| "default".to_string())
     }
-}
-
-impl Manifests {
-    /// Carries out the command for `operator`, as [`Operator::run_from_args`] does with the process's
-    /// stdin, stdout and stderr:
-    /// * `rbac generate` writes the manifests to `-o FILE`, or to `output`;
-    /// * `rbac verify` reads the manifests from `-f FILE`, or from `input` (no `-f`, or `-f -`),
-    ///   writes a line per needed permission to `output`, and returns [`RbacError::Missing`] when one
-    ///   is missing (so that `main` exits with status 1);
-    /// * `crds` writes the CRDs declared with [`Operator::crd`] to `output` as YAML documents, or
-    ///   says on `messages` that there are none.
-    ///
-    /// ```no_run
-    /// # async fn example() -> kactor::Result<()> {
-    /// use kactor::cli::{Command, OperatorCli};
-    /// use kactor::prelude::*;
-    ///
-    /// let operator = Operator::new().on_create(("example.com", "v1", "widgets"), "create_fn", |_: Ctx| async { Ok(()) });
-    /// let cli = OperatorCli::parse_from(["my-operator", "rbac", "verify", "-A", "-f", "rbac.yaml"]).unwrap();
-    /// if let Command::Manifests(command) = cli.command() {
-    ///     command.execute(&operator, &mut std::io::stdin(), &mut std::io::stdout(), &mut std::io::stderr()).await?;
-    /// }
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// [`RbacError::Missing`]: crate::rbac::RbacError::Missing
-    pub async fn execute(
-        &self,
-        operator: &Operator,
-        input: &mut (dyn Read + Send),
-        output: &mut (dyn Write + Send),
-        messages: &mut (dyn Write + Send),
-    ) -> crate::Result<()> {
-        match self {
-            Manifests::Rbac(RbacCommand::Generate(args)) => {
-                let yaml = crate::rbac::generate(operator, &args.rbac).await?;
-                match &args.output {
-                    Some(path) => {
-                        std::fs::write(path, yaml).map_err(|e| Error::Output {
-                            what: path.display().to_string(),
-                            reason: e.to_string(),
-                        })?;
-                        let _ =
-                            writeln!(messages, "wrote the RBAC manifests to {}", path.display());
-                        Ok(())
-                    }
-                    None => write_all(output, "stdout", yaml.as_bytes()),
-                }
-            }
-            Manifests::Rbac(RbacCommand::Verify(args)) => {
-                let (what, manifests) = match &args.file {
-                    Some(path) if path.as_os_str() != "-" => {
-                        let what = path.display().to_string();
-                        let text = std::fs::read_to_string(path).map_err(|e| Error::Input {
-                            what: what.clone(),
-                            reason: e.to_string(),
-                        })?;
-                        (what, text)
-                    }
-                    _ => {
-                        let mut text = String::new();
-                        input.read_to_string(&mut text).map_err(|e| Error::Input {
-                            what: "stdin".to_string(),
-                            reason: e.to_string(),
-                        })?;
-                        ("stdin".to_string(), text)
-                    }
-                };
-                let verification = crate::rbac::verify(operator, &args.rbac, &manifests)
-                    .await
-                    .map_err(|error| match error {
-                        Error::Rbac(crate::rbac::RbacError::Manifests(reason)) => Error::Input {
-                            what,
-                            reason: format!("not RBAC manifests ({reason})"),
-                        },
-                        other => other,
-                    })?;
-                write_all(output, "stdout", format!("{verification}\n").as_bytes())?;
-                verification.into_result().map(|_| ())
-            }
-            Manifests::Crds => {
-                let crds = operator.blueprint().crds;
-                if crds.is_empty() {
-                    let _ = writeln!(
-                        messages,
-                        "this operator declares no CRDs (declare them with Operator::crd)"
-                    );
-                    return Ok(());
-                }
-                let yaml = serde_saphyr::to_string_multiple(crds).map_err(|e| Error::Output {
-                    what: "the CRDs as YAML".to_string(),
-                    reason: e.to_string(),
-                })?;
-                write_all(output, "stdout", yaml.as_bytes())
-            }
-        }
-    }
-}
-
-fn write_all(output: &mut (dyn Write + Send), what: &str, bytes: &[u8]) -> crate::Result<()> {
-    output
-        .write_all(bytes)
-        .and_then(|()| output.flush())
-        .map_err(|e| Error::Output {
-            what: what.to_string(),
-            reason: e.to_string(),
-        })
 }
 
 /// The name of an operator whose program has no name.

@@ -65,7 +65,7 @@ pub enum Error {
     Logging(#[from] crate::logging::LoggingError),
     /// The RBAC could not be derived, or (`rbac verify`) is not all granted.
     #[error(transparent)]
-    Rbac(#[from] crate::rbac::RbacError),
+    Rbac(#[from] RbacError),
     /// A command's input could not be read.
     #[error("cannot read {what}: {reason}")]
     Input {
@@ -93,3 +93,35 @@ impl std::fmt::Debug for Error {
 
 /// kactor's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why an operator's RBAC cannot be derived, or is not granted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RbacError {
+    /// A handler's resource is named by kind or short name, and discovery could not resolve it.
+    #[error(
+        "cannot resolve the resource \"{selector}\" for RBAC: {reason}; name it by group and plural \
+         (e.g. (\"example.com\", \"v1\", \"widgets\") or \"widgets.example.com\") to resolve it offline"
+    )]
+    Unresolved {
+        /// The resource, as the handler names it.
+        selector: String,
+        /// Why discovery did not resolve it.
+        reason: String,
+    },
+    /// The manifests are not YAML, or not Kubernetes objects.
+    #[error("cannot read the RBAC manifests: {0}; give the YAML of Roles, ClusterRoles and their bindings")]
+    Manifests(String),
+    /// `rbac verify` found permissions missing.
+    #[error(
+        "{missing} of {needed} permissions are missing for {user}; grant them (`rbac generate` prints \
+         them all)"
+    )]
+    Missing {
+        /// How many (verb, resource, place) permissions are missing.
+        missing: usize,
+        /// How many are needed.
+        needed: usize,
+        /// The service account's user name.
+        user: String,
+    },
+}

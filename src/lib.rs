@@ -12,20 +12,22 @@
 pub use kactor_emulator as emulator;
 
 pub mod cli;
+mod command;
 mod error;
 mod liveness;
 pub mod logging;
 mod operator;
 pub mod rbac;
+mod scope;
 
-pub use cli::Scope;
 pub use error::{Error, Result};
 pub use operator::Operator;
+pub use scope::Scope;
 
 /// What an operator's `main` needs: `use kactor::prelude::*;`.
 pub mod prelude {
-    pub use crate::cli::Scope;
     pub use crate::operator::Operator;
+    pub use crate::scope::Scope;
     pub use kactor_reactor::causes::Reason;
     pub use kactor_reactor::daemons::{Daemon, StopReason, StopReasons, Stopped, Timer};
     pub use kactor_reactor::filters::{MetaFilter, ValueFilter};

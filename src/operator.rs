@@ -46,8 +46,8 @@ use kactor_reactor::watching::{WatchItem, Watcher};
 use kube::api::{Api, DynamicObject};
 use tokio::sync::Semaphore;
 
-use crate::cli::{Command, OperatorCli, Scope};
 use crate::error::{Error, Result};
+use crate::scope::Scope;
 
 /// An operator: handlers, settings, and where to run them.
 ///
@@ -73,7 +73,7 @@ pub struct Operator {
     switch: PauseSwitch,
     peering: PeeringSettings,
     leader_election: Option<LeaseSettings>,
-    identity: Option<String>,
+    pub(crate) identity: Option<String>,
     /// kactor's Prometheus metrics (the first observer).
     metrics: Arc<Metrics>,
     /// The application's own observers, told everything the metrics are.
@@ -85,7 +85,7 @@ pub struct Operator {
     /// The CRDs this operator owns, printed by `crds`.
     crds: Vec<CustomResourceDefinition>,
     /// What the handlers do with their own clients, for `rbac generate`.
-    permissions: Vec<crate::rbac::Extra>,
+    permissions: Vec<Extra>,
 }
 
 impl Default for Operator {
@@ -693,7 +693,7 @@ impl Operator {
     /// );
     /// ```
     pub fn permission(mut self, group: &str, resource: &str, verbs: &[&str], why: &str) -> Self {
-        self.permissions.push(crate::rbac::Extra {
+        self.permissions.push(Extra {
             group: group.to_string(),
             resource: resource.to_string(),
             verbs: verbs.iter().map(|v| v.to_string()).collect(),
@@ -703,8 +703,8 @@ impl Operator {
     }
 
     /// What `rbac generate`, `rbac verify` and `crds` read from this operator.
-    pub(crate) fn blueprint(&self) -> crate::rbac::Blueprint<'_> {
-        crate::rbac::Blueprint {
+    pub(crate) fn blueprint(&self) -> Blueprint<'_> {
+        Blueprint {
             registry: &self.registry,
             peering: &self.peering,
             leader_election: self.leader_election.as_ref(),
@@ -712,83 +712,6 @@ impl Operator {
             crds: &self.crds,
             extra: &self.permissions,
         }
-    }
-
-    /// Parses the command line and does what it says: `run` (the default subcommand; see
-    /// [`crate::cli::RunArgs`] for every option and its `KACTOR_...` environment variable) sets up
-    /// logging and runs until SIGINT or SIGTERM; `rbac generate`, `rbac verify` and `crds` print what
-    /// the operator needs in a cluster ([`crate::cli::Manifests`]). A usage error prints clap's
-    /// message and exits with status 2, as command lines do; `rbac verify` returns an error (exit
-    /// status 1 from `main`) when a permission is missing.
-    ///
-    /// ```no_run
-    /// # use kactor::prelude::*;
-    /// # async fn example() -> kactor::Result<()> {
-    /// Operator::new().on_event("pods", "log", |ctx: Ctx| async move { Ok(()) }).run_from_args().await
-    /// # }
-    /// ```
-    pub async fn run_from_args(self) -> Result<()> {
-        let cli = OperatorCli::parse_from(std::env::args_os()).unwrap_or_else(|error| error.exit());
-        let args = match cli.command() {
-            Command::Run(args) => args,
-            Command::Manifests(manifests) => {
-                return manifests
-                    .execute(
-                        &self,
-                        &mut std::io::stdin(),
-                        &mut std::io::stdout(),
-                        &mut std::io::stderr(),
-                    )
-                    .await;
-            }
-        };
-        match crate::logging::init(&args.log_settings()) {
-            Ok(()) | Err(crate::logging::LoggingError::AlreadyInitialized) => {}
-            Err(error) => return Err(error.into()),
-        }
-        if let Some(warning) = args.scope_warning() {
-            tracing::warn!("{warning}");
-        }
-        self.with_args(&args).run().await
-    }
-
-    /// Applies the options of `run` (scope, peering, priority, leader election, liveness), as
-    /// [`run_from_args`](Self::run_from_args) does, for a program that parses its own command line
-    /// with [`RunArgs`](crate::cli::RunArgs) flattened into it. Logging is the program's to set up.
-    pub fn with_args(self, args: &crate::cli::RunArgs) -> Self {
-        let mut operator = self.scope(args.scope());
-        if args.standalone {
-            operator = operator.standalone();
-        } else if let Some(name) = &args.peering {
-            operator = operator.peering(name);
-        }
-        operator = operator.priority(if args.dev { 666 } else { args.priority });
-        if let Some(url) = &args.liveness {
-            operator = operator.liveness(url);
-        }
-        if operator.identity.is_none() {
-            // One identity for the process, shared by peering and the lease (Kopf's, by default).
-            operator = operator.identity(&kactor_peering::peering::identity());
-        }
-        if args.leader_election {
-            // The same default name as `rbac generate`'s, so the generated RBAC grants this Lease.
-            let name = args
-                .lease_name
-                .clone()
-                .or_else(crate::cli::program_name)
-                .unwrap_or_else(|| crate::cli::DEFAULT_NAME.to_string());
-            let namespace = args
-                .lease_namespace
-                .clone()
-                .or_else(|| std::env::var("POD_NAMESPACE").ok())
-                .unwrap_or_else(|| "default".to_string());
-            let identity = operator
-                .identity
-                .clone()
-                .unwrap_or_else(kactor_peering::peering::identity);
-            operator = operator.leader_election(LeaseSettings::new(&name, &namespace, &identity));
-        }
-        operator
     }
 
     /// Runs until SIGINT or SIGTERM, then shuts down gracefully; a second signal returns at once.
@@ -895,6 +818,27 @@ impl Operator {
             () = interrupt => Err(Error::Interrupted),
         }
     }
+}
+
+/// What an operator's RBAC derives from, borrowed from it (see [`Operator`]'s `blueprint`).
+pub(crate) struct Blueprint<'a> {
+    pub(crate) registry: &'a Registry,
+    pub(crate) peering: &'a PeeringSettings,
+    pub(crate) leader_election: Option<&'a LeaseSettings>,
+    pub(crate) client: Option<&'a kube::Client>,
+    pub(crate) crds: &'a [CustomResourceDefinition],
+    pub(crate) extra: &'a [Extra],
+}
+
+/// What the handlers do with their own clients, declared with [`Operator::permission`]: placed
+/// where the operator serves (a Role per namespace with `-n`, else cluster-wide), or cluster-wide
+/// for Kubernetes' own cluster-scoped resources.
+#[derive(Debug, Clone)]
+pub(crate) struct Extra {
+    pub(crate) group: String,
+    pub(crate) resource: String,
+    pub(crate) verbs: Vec<String>,
+    pub(crate) why: String,
 }
 
 /// The tasks that decide whether this operator may work (peering, leader election). They run from

@@ -36,73 +36,19 @@
 use std::fmt;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kactor_peering::lease::LeaseSettings;
-use kactor_peering::peering::{PeeringMode, PeeringSettings};
+use kactor_peering::peering::PeeringMode;
 use kactor_reactor::discovery;
-use kactor_reactor::handlers::Registry;
 use kactor_reactor::namespaces::NamespacePatterns;
 use kactor_reactor::resources::Selector;
 use serde_json::Value;
 
 use crate::cli::{program_name, RbacArgs, DEFAULT_NAME};
+pub use crate::error::RbacError;
 use crate::error::Result;
-use crate::operator::Operator;
+use crate::operator::{Blueprint, Extra, Operator};
 
 /// The RBAC API group.
 const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
-
-/// Why an operator's RBAC cannot be derived, or is not granted.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RbacError {
-    /// A handler's resource is named by kind or short name, and discovery could not resolve it.
-    #[error(
-        "cannot resolve the resource \"{selector}\" for RBAC: {reason}; name it by group and plural \
-         (e.g. (\"example.com\", \"v1\", \"widgets\") or \"widgets.example.com\") to resolve it offline"
-    )]
-    Unresolved {
-        /// The resource, as the handler names it.
-        selector: String,
-        /// Why discovery did not resolve it.
-        reason: String,
-    },
-    /// The manifests are not YAML, or not Kubernetes objects.
-    #[error("cannot read the RBAC manifests: {0}; give the YAML of Roles, ClusterRoles and their bindings")]
-    Manifests(String),
-    /// `rbac verify` found permissions missing.
-    #[error(
-        "{missing} of {needed} permissions are missing for {user}; grant them (`rbac generate` prints \
-         them all)"
-    )]
-    Missing {
-        /// How many (verb, resource, place) permissions are missing.
-        missing: usize,
-        /// How many are needed.
-        needed: usize,
-        /// The service account's user name.
-        user: String,
-    },
-}
-
-/// What an operator's RBAC derives from, borrowed from it (see [`Operator`]'s `blueprint`).
-pub(crate) struct Blueprint<'a> {
-    pub(crate) registry: &'a Registry,
-    pub(crate) peering: &'a PeeringSettings,
-    pub(crate) leader_election: Option<&'a LeaseSettings>,
-    pub(crate) client: Option<&'a kube::Client>,
-    pub(crate) crds: &'a [CustomResourceDefinition],
-    pub(crate) extra: &'a [Extra],
-}
-
-/// What the handlers do with their own clients, declared with [`Operator::permission`]: placed
-/// where the operator serves (a Role per namespace with `-n`, else cluster-wide), or cluster-wide
-/// for Kubernetes' own cluster-scoped resources.
-#[derive(Debug, Clone)]
-pub(crate) struct Extra {
-    pub(crate) group: String,
-    pub(crate) resource: String,
-    pub(crate) verbs: Vec<String>,
-    pub(crate) why: String,
-}
 
 /// Where a permission applies.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -1193,6 +1139,7 @@ fn scalar(text: &str) -> String {
 mod tests {
     use super::*;
     use crate::cli::{Command, Manifests, RbacCommand};
+    use kactor_peering::lease::LeaseSettings;
     use kactor_reactor::daemons::Timer;
     use kactor_reactor::handlers::Ctx;
     use serde_json::json;

@@ -1,0 +1,199 @@
+//! The command line, carried out: [`Operator::run_from_args`] parses it and runs the operator or one
+//! of the manifest commands ([`Manifests::execute`]: `rbac generate`, `rbac verify`, `crds`). The top
+//! of the crate: it knows the command line ([`crate::cli`]), the operator and `rbac`, which know
+//! nothing of it.
+
+use std::io::{Read, Write};
+
+use kactor_peering::lease::LeaseSettings;
+
+use crate::cli::{Command, Manifests, OperatorCli, RbacCommand};
+use crate::error::{Error, Result};
+use crate::operator::Operator;
+
+impl Operator {
+    /// Parses the command line and does what it says: `run` (the default subcommand; see
+    /// [`crate::cli::RunArgs`] for every option and its `KACTOR_...` environment variable) sets up
+    /// logging and runs until SIGINT or SIGTERM; `rbac generate`, `rbac verify` and `crds` print what
+    /// the operator needs in a cluster ([`crate::cli::Manifests`]). A usage error prints clap's
+    /// message and exits with status 2, as command lines do; `rbac verify` returns an error (exit
+    /// status 1 from `main`) when a permission is missing.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// # async fn example() -> kactor::Result<()> {
+    /// Operator::new().on_event("pods", "log", |ctx: Ctx| async move { Ok(()) }).run_from_args().await
+    /// # }
+    /// ```
+    pub async fn run_from_args(self) -> Result<()> {
+        let cli = OperatorCli::parse_from(std::env::args_os()).unwrap_or_else(|error| error.exit());
+        let args = match cli.command() {
+            Command::Run(args) => args,
+            Command::Manifests(manifests) => {
+                return manifests
+                    .execute(
+                        &self,
+                        &mut std::io::stdin(),
+                        &mut std::io::stdout(),
+                        &mut std::io::stderr(),
+                    )
+                    .await;
+            }
+        };
+        match crate::logging::init(&args.log_settings()) {
+            Ok(()) | Err(crate::logging::LoggingError::AlreadyInitialized) => {}
+            Err(error) => return Err(error.into()),
+        }
+        if let Some(warning) = args.scope_warning() {
+            tracing::warn!("{warning}");
+        }
+        self.with_args(&args).run().await
+    }
+
+    /// Applies the options of `run` (scope, peering, priority, leader election, liveness), as
+    /// [`run_from_args`](Self::run_from_args) does, for a program that parses its own command line
+    /// with [`RunArgs`](crate::cli::RunArgs) flattened into it. Logging is the program's to set up.
+    pub fn with_args(self, args: &crate::cli::RunArgs) -> Self {
+        let mut operator = self.scope(args.scope());
+        if args.standalone {
+            operator = operator.standalone();
+        } else if let Some(name) = &args.peering {
+            operator = operator.peering(name);
+        }
+        operator = operator.priority(if args.dev { 666 } else { args.priority });
+        if let Some(url) = &args.liveness {
+            operator = operator.liveness(url);
+        }
+        if operator.identity.is_none() {
+            // One identity for the process, shared by peering and the lease (Kopf's, by default).
+            operator = operator.identity(&kactor_peering::peering::identity());
+        }
+        if args.leader_election {
+            // The same default name as `rbac generate`'s, so the generated RBAC grants this Lease.
+            let name = args
+                .lease_name
+                .clone()
+                .or_else(crate::cli::program_name)
+                .unwrap_or_else(|| crate::cli::DEFAULT_NAME.to_string());
+            let namespace = args
+                .lease_namespace
+                .clone()
+                .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                .unwrap_or_else(|| "default".to_string());
+            let identity = operator
+                .identity
+                .clone()
+                .unwrap_or_else(kactor_peering::peering::identity);
+            operator = operator.leader_election(LeaseSettings::new(&name, &namespace, &identity));
+        }
+        operator
+    }
+}
+
+impl Manifests {
+    /// Carries out the command for `operator`, as [`Operator::run_from_args`] does with the process's
+    /// stdin, stdout and stderr:
+    /// * `rbac generate` writes the manifests to `-o FILE`, or to `output`;
+    /// * `rbac verify` reads the manifests from `-f FILE`, or from `input` (no `-f`, or `-f -`),
+    ///   writes a line per needed permission to `output`, and returns [`RbacError::Missing`] when one
+    ///   is missing (so that `main` exits with status 1);
+    /// * `crds` writes the CRDs declared with [`Operator::crd`] to `output` as YAML documents, or
+    ///   says on `messages` that there are none.
+    ///
+    /// ```no_run
+    /// # async fn example() -> kactor::Result<()> {
+    /// use kactor::cli::{Command, OperatorCli};
+    /// use kactor::prelude::*;
+    ///
+    /// let operator = Operator::new().on_create(("example.com", "v1", "widgets"), "create_fn", |_: Ctx| async { Ok(()) });
+    /// let cli = OperatorCli::parse_from(["my-operator", "rbac", "verify", "-A", "-f", "rbac.yaml"]).unwrap();
+    /// if let Command::Manifests(command) = cli.command() {
+    ///     command.execute(&operator, &mut std::io::stdin(), &mut std::io::stdout(), &mut std::io::stderr()).await?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// [`RbacError::Missing`]: crate::rbac::RbacError::Missing
+    pub async fn execute(
+        &self,
+        operator: &Operator,
+        input: &mut (dyn Read + Send),
+        output: &mut (dyn Write + Send),
+        messages: &mut (dyn Write + Send),
+    ) -> crate::Result<()> {
+        match self {
+            Manifests::Rbac(RbacCommand::Generate(args)) => {
+                let yaml = crate::rbac::generate(operator, &args.rbac).await?;
+                match &args.output {
+                    Some(path) => {
+                        std::fs::write(path, yaml).map_err(|e| Error::Output {
+                            what: path.display().to_string(),
+                            reason: e.to_string(),
+                        })?;
+                        let _ =
+                            writeln!(messages, "wrote the RBAC manifests to {}", path.display());
+                        Ok(())
+                    }
+                    None => write_all(output, "stdout", yaml.as_bytes()),
+                }
+            }
+            Manifests::Rbac(RbacCommand::Verify(args)) => {
+                let (what, manifests) = match &args.file {
+                    Some(path) if path.as_os_str() != "-" => {
+                        let what = path.display().to_string();
+                        let text = std::fs::read_to_string(path).map_err(|e| Error::Input {
+                            what: what.clone(),
+                            reason: e.to_string(),
+                        })?;
+                        (what, text)
+                    }
+                    _ => {
+                        let mut text = String::new();
+                        input.read_to_string(&mut text).map_err(|e| Error::Input {
+                            what: "stdin".to_string(),
+                            reason: e.to_string(),
+                        })?;
+                        ("stdin".to_string(), text)
+                    }
+                };
+                let verification = crate::rbac::verify(operator, &args.rbac, &manifests)
+                    .await
+                    .map_err(|error| match error {
+                        Error::Rbac(crate::rbac::RbacError::Manifests(reason)) => Error::Input {
+                            what,
+                            reason: format!("not RBAC manifests ({reason})"),
+                        },
+                        other => other,
+                    })?;
+                write_all(output, "stdout", format!("{verification}\n").as_bytes())?;
+                verification.into_result().map(|_| ())
+            }
+            Manifests::Crds => {
+                let crds = operator.blueprint().crds;
+                if crds.is_empty() {
+                    let _ = writeln!(
+                        messages,
+                        "this operator declares no CRDs (declare them with Operator::crd)"
+                    );
+                    return Ok(());
+                }
+                let yaml = serde_saphyr::to_string_multiple(crds).map_err(|e| Error::Output {
+                    what: "the CRDs as YAML".to_string(),
+                    reason: e.to_string(),
+                })?;
+                write_all(output, "stdout", yaml.as_bytes())
+            }
+        }
+    }
+}
+
+fn write_all(output: &mut (dyn Write + Send), what: &str, bytes: &[u8]) -> crate::Result<()> {
+    output
+        .write_all(bytes)
+        .and_then(|()| output.flush())
+        .map_err(|e| Error::Output {
+            what: what.to_string(),
+            reason: e.to_string(),
+        })
+}
