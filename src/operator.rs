@@ -36,7 +36,6 @@ use kactor_reactor::handlers::{
     HandlerResult, Memo, On, Probe, Registry, ResourceHandlers, Spawning, SpawningHandler,
 };
 use kactor_reactor::metered::{metered, MeteredLayer};
-use kactor_reactor::namespaces::NamespacePatterns;
 use kactor_reactor::observe::{BoardEntry, Observer, Tee, WatchBoard};
 use kactor_reactor::pausing::PauseSwitch;
 use kactor_reactor::posting::EventPoster;
@@ -47,7 +46,7 @@ use kube::api::{Api, DynamicObject};
 use tokio::sync::Semaphore;
 
 use crate::error::{Error, Result};
-use crate::scope::Scope;
+use crate::scope::{Scope, Served};
 
 /// An operator: handlers, settings, and where to run them.
 ///
@@ -890,21 +889,17 @@ impl Coordination {
         }
         if operator.peering.mode != PeeringMode::Standalone {
             let mut settings = operator.peering.clone();
-            match &operator.scope {
-                Scope::ClusterWide => settings.clusterwide = true,
-                Scope::Namespaces(patterns) => {
-                    match NamespacePatterns::parse(patterns)?.exact_names() {
-                        Some(names) => {
-                            settings.clusterwide = false;
-                            settings.namespaces = names;
-                        }
-                        None => {
-                            // Kopf keeps a KopfPeering per served namespace as they come and go; with
-                            // glob patterns, kactor peers through the cluster-wide object instead.
-                            tracing::info!("namespace patterns with globs: peering through the ClusterKopfPeering `{}`", settings.name);
-                            settings.clusterwide = true;
-                        }
-                    }
+            match operator.scope.served()? {
+                Served::ClusterWide => settings.clusterwide = true,
+                Served::Fixed(names) => {
+                    settings.clusterwide = false;
+                    settings.namespaces = names;
+                }
+                Served::Patterns { .. } => {
+                    // Kopf keeps a KopfPeering per served namespace as they come and go; with
+                    // glob patterns, kactor peers through the cluster-wide object instead.
+                    tracing::info!("namespace patterns with globs: peering through the ClusterKopfPeering `{}`", settings.name);
+                    settings.clusterwide = true;
                 }
             }
             if settings.mode == PeeringMode::Mandatory {
@@ -979,18 +974,14 @@ struct Target {
     resolved: Option<Arc<Resource>>,
 }
 
-/// The namespaces served, as known now.
-enum Served {
-    /// Cluster-wide watches.
-    ClusterWide,
-    /// Exactly these names (no namespace watching needed).
-    Fixed(BTreeSet<String>),
-    /// The namespaces matching the patterns, followed live.
-    Watched {
-        patterns: NamespacePatterns,
-        current: BTreeSet<String>,
-        listing: BTreeSet<String>,
-    },
+/// The namespaces matching the scope's patterns, as known now (followed only for
+/// [`Served::Patterns`]).
+#[derive(Default)]
+struct Followed {
+    /// Those that exist now.
+    current: BTreeSet<String>,
+    /// Those seen by the listing under way.
+    listing: BTreeSet<String>,
 }
 
 /// The supervisors of an operator, and what decides them: resources × namespaces.
@@ -1012,6 +1003,7 @@ struct Orchestra {
     poster: EventPoster,
     targets: Vec<Target>,
     served: Served,
+    followed: Followed,
     resources: Vec<Resource>,
     running: HashMap<SupervisorKey, Addr<ResourceSupervisor>>,
     switch: PauseSwitch,
@@ -1040,20 +1032,7 @@ impl Orchestra {
             };
             targets.push(Target { selector, resolved });
         }
-        let served = match &operator.scope {
-            Scope::ClusterWide => Served::ClusterWide,
-            Scope::Namespaces(patterns) => {
-                let patterns = NamespacePatterns::parse(patterns)?;
-                match patterns.exact_names() {
-                    Some(names) => Served::Fixed(names.into_iter().collect()),
-                    None => Served::Watched {
-                        patterns,
-                        current: BTreeSet::new(),
-                        listing: BTreeSet::new(),
-                    },
-                }
-            }
-        };
+        let served = operator.scope.served()?;
         // The poster's task ends when the last handle is dropped, after posting what is queued.
         let (poster, _) = EventPoster::start(client.clone(), operator.settings.posting.clone());
         Ok(Orchestra {
@@ -1073,6 +1052,7 @@ impl Orchestra {
             poster,
             targets,
             served,
+            followed: Followed::default(),
             resources,
             running: HashMap::new(),
             switch: operator.switch.clone(),
@@ -1124,7 +1104,7 @@ impl Orchestra {
         }
         self.reconcile().await?;
         let mut namespaces = match self.served {
-            Served::Watched { .. } => self.watcher_for("", "namespaces", "namespaces"),
+            Served::Patterns { .. } => self.watcher_for("", "namespaces", "namespaces"),
             _ => None,
         };
         let mut crds = self.watcher_for(
@@ -1206,14 +1186,10 @@ impl Orchestra {
 
     /// Updates the served namespaces; true if they changed.
     fn follow_namespaces(&mut self, items: Vec<WatchItem>) -> bool {
-        let Served::Watched {
-            patterns,
-            current,
-            listing,
-        } = &mut self.served
-        else {
+        let Served::Patterns { patterns, .. } = &self.served else {
             return false;
         };
+        let Followed { current, listing } = &mut self.followed;
         let before = current.clone();
         for item in items {
             match item {
@@ -1277,8 +1253,8 @@ impl Orchestra {
             let namespaces: Vec<Option<String>> = match (&self.served, resource.namespaced) {
                 (Served::ClusterWide, _) | (_, false) => vec![None],
                 (Served::Fixed(names), true) => names.iter().cloned().map(Some).collect(),
-                (Served::Watched { current, .. }, true) => {
-                    current.iter().cloned().map(Some).collect()
+                (Served::Patterns { .. }, true) => {
+                    self.followed.current.iter().cloned().map(Some).collect()
                 }
             };
             for namespace in namespaces {

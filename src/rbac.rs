@@ -38,7 +38,6 @@ use std::fmt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kactor_peering::peering::PeeringMode;
 use kactor_reactor::discovery;
-use kactor_reactor::namespaces::NamespacePatterns;
 use kactor_reactor::resources::Selector;
 use serde_json::Value;
 
@@ -46,6 +45,7 @@ use crate::cli::{program_name, RbacArgs, DEFAULT_NAME};
 pub use crate::error::RbacError;
 use crate::error::Result;
 use crate::operator::{Blueprint, Extra, Operator};
+use crate::scope::Served;
 
 /// The RBAC API group.
 const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
@@ -195,28 +195,10 @@ struct Setup {
     extra: Vec<Extra>,
 }
 
-/// Which namespaces the operator serves.
-enum Served {
-    /// All of them (`-A`, or no `-n`).
-    ClusterWide,
-    /// Exactly these (`-n` with plain names).
-    Fixed(Vec<String>),
-    /// Those matching patterns with globs or negations, known only at run time.
-    Patterns(Vec<String>),
-}
-
 impl Setup {
     fn new(blueprint: &Blueprint<'_>, args: &RbacArgs) -> Result<Self> {
         let run = &args.run;
-        let served = match run.scope() {
-            crate::Scope::ClusterWide => Served::ClusterWide,
-            crate::Scope::Namespaces(patterns) => {
-                match NamespacePatterns::parse(&patterns)?.exact_names() {
-                    Some(names) => Served::Fixed(names),
-                    None => Served::Patterns(patterns),
-                }
-            }
-        };
+        let served = run.scope().served()?;
         let peering = if run.standalone {
             None
         } else if let Some(name) = &run.peering {
@@ -270,7 +252,9 @@ impl Setup {
         let scope = match &self.served {
             Served::ClusterWide => "all namespaces".to_string(),
             Served::Fixed(names) => format!("the namespaces {}", names.join(", ")),
-            Served::Patterns(patterns) => format!("the namespaces matching {}", patterns.join(" ")),
+            Served::Patterns { given, .. } => {
+                format!("the namespaces matching {}", given.join(" "))
+            }
         };
         let peering = match &self.peering {
             None => "standalone".to_string(),
@@ -293,9 +277,9 @@ impl Setup {
         // Where events are posted, and whether only about cluster-scoped objects.
         let mut events: Vec<(Place, bool)> = Vec::new();
         let runtime_namespaces = match &self.served {
-            Served::Patterns(patterns) => format!(
+            Served::Patterns { given, .. } => format!(
                 " (cluster-wide: the namespaces matching {} are known only at run time)",
-                patterns.join(" ")
+                given.join(" ")
             ),
             _ => String::new(),
         };
@@ -380,7 +364,7 @@ impl Setup {
             "kactor follows CRDs, so that a handled resource whose CRD appears (or comes back) later \
              is served at once",
         ));
-        if let Served::Patterns(patterns) = &self.served {
+        if let Served::Patterns { given, .. } = &self.served {
             permissions.push(Permission::new(
                 Place::Cluster,
                 "",
@@ -388,7 +372,7 @@ impl Setup {
                 &["list", "watch"],
                 &format!(
                     "kactor follows the namespaces matching {} as they come and go",
-                    patterns.join(" ")
+                    given.join(" ")
                 ),
             ));
         }
