@@ -1,0 +1,386 @@
+//! The supervisors of an operator, and what decides them: the resources its handlers name (as
+//! discovery resolves them, followed as CRDs come and go) × the namespaces it serves (followed as
+//! they come and go, for patterns).
+
+use super::run::run_activity;
+use super::*;
+
+/// A supervisor's identity: the resource (kubectl form) and the namespace (None: cluster-wide).
+type SupervisorKey = (String, Option<String>);
+
+/// What one resource is served with.
+struct Target {
+    selector: Selector,
+    resolved: Option<Arc<Resource>>,
+}
+
+/// The namespaces matching the scope's patterns, as known now (followed only for
+/// [`Served::Patterns`]).
+#[derive(Default)]
+struct Followed {
+    /// Those that exist now.
+    current: BTreeSet<String>,
+    /// Those seen by the listing under way.
+    listing: BTreeSet<String>,
+}
+
+/// The supervisors of an operator, and what decides them: resources × namespaces.
+pub(super) struct Orchestra {
+    client: kube::Client,
+    settings: Arc<Settings>,
+    registry: Registry,
+    actors: ActorSystem,
+    limiter: Arc<Semaphore>,
+    tracker: Arc<Tracker>,
+    daemon_tracker: Arc<Tracker>,
+    observer: Arc<dyn Observer>,
+    /// The watch streams' health, for `/healthz` and `/readyz`.
+    watches: WatchBoard,
+    /// The operator's own streams (namespaces, CRDs) on the board.
+    own_watches: Vec<BoardEntry>,
+    /// The health actor (kept to keep it beating).
+    health: Option<Addr<HealthActor>>,
+    poster: EventPoster,
+    targets: Vec<Target>,
+    served: Served,
+    followed: Followed,
+    resources: Vec<Resource>,
+    running: HashMap<SupervisorKey, Addr<ResourceSupervisor>>,
+    switch: PauseSwitch,
+    /// Whether the supervisors are paused: changed only by the loop that follows the switch, so that
+    /// a supervisor started in between is started in the state the others are in.
+    paused: bool,
+}
+
+impl Orchestra {
+    pub(super) async fn new(
+        operator: &Operator,
+        client: kube::Client,
+        observer: Arc<dyn Observer>,
+        watches: WatchBoard,
+    ) -> Result<Self> {
+        let resources = discovery::scan(&client).await?;
+        let mut targets = Vec::new();
+        for selector in operator.registry.selectors() {
+            let resolved = match selector.resolve(&resources) {
+                Ok(resource) => Some(Arc::new(resource.clone())),
+                Err(ResolveError::NotFound { .. }) if selector.exact => {
+                    tracing::warn!(resource = %selector, "the resource is not served yet; it is served as soon as its CRD appears");
+                    None
+                }
+                Err(error) => return Err(error.into()),
+            };
+            targets.push(Target { selector, resolved });
+        }
+        let served = operator.scope.served()?;
+        // The poster's task ends when the last handle is dropped, after posting what is queued.
+        let (poster, _) = EventPoster::start(client.clone(), operator.settings.posting.clone());
+        Ok(Orchestra {
+            client,
+            settings: Arc::new(operator.settings.clone()),
+            registry: operator.registry.clone(),
+            actors: ActorSystem::start()?,
+            limiter: Arc::new(Semaphore::new(
+                operator.settings.execution.max_concurrent_handlers.max(1),
+            )),
+            tracker: Arc::new(Tracker::default()),
+            daemon_tracker: Arc::new(Tracker::default()),
+            observer,
+            watches,
+            own_watches: Vec::new(),
+            health: None,
+            poster,
+            targets,
+            served,
+            followed: Followed::default(),
+            resources,
+            running: HashMap::new(),
+            switch: operator.switch.clone(),
+            paused: false,
+        })
+    }
+
+    /// Starts the health actor on the actors' thread: its heartbeats prove the thread is not stuck.
+    pub(super) async fn start_health(&mut self, state: Arc<HealthState>) -> Result<()> {
+        self.health = Some(
+            self.actors
+                .start_actor(move || HealthActor::new(state))
+                .await?,
+        );
+        Ok(())
+    }
+
+    /// A watcher of the operator's own (namespaces, CRDs), on the health board while it lives.
+    fn watcher_for(&mut self, group: &str, plural: &str, label: &str) -> Option<Watcher> {
+        let resource = self
+            .resources
+            .iter()
+            .find(|r| r.group == group && r.plural == plural && r.preferred)?;
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource.api_resource());
+        let watcher = Watcher::new(
+            api,
+            label,
+            self.settings.watching.clone(),
+            self.settings.networking.clone(),
+        )
+        .observed(self.observer.clone(), resource.to_string());
+        self.own_watches
+            .push(self.watches.register(label, watcher.status()));
+        Some(watcher)
+    }
+
+    /// Serves until `stop`: starts the supervisors, then follows namespaces and CRDs.
+    pub(super) async fn serve(
+        &mut self,
+        stop: impl Future<Output = ()> + Send,
+        started: impl FnOnce() + Send,
+    ) -> Result<()> {
+        // Subscribe before the first supervisor starts: no change of the switch can fall in between.
+        let mut pauses = self.switch.subscribe();
+        self.paused = !pauses.borrow_and_update().is_empty();
+        self.observer.paused(self.paused);
+        if self.paused {
+            tracing::info!(reasons = ?self.switch.reasons(), "Starting paused.");
+        }
+        self.reconcile().await?;
+        let mut namespaces = match self.served {
+            Served::Patterns { .. } => self.watcher_for("", "namespaces", "namespaces"),
+            _ => None,
+        };
+        let mut crds = self.watcher_for(
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+            "customresourcedefinitions",
+        );
+        // Every stream readiness waits for is on the board now.
+        started();
+        tokio::pin!(stop);
+        loop {
+            let namespace_batch = async {
+                match namespaces.as_mut() {
+                    Some(watcher) => watcher.next_batch().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let crd_batch = async {
+                match crds.as_mut() {
+                    Some(watcher) => watcher.next_batch().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = &mut stop => return Ok(()),
+                changed = pauses.changed() => {
+                    if changed.is_err() {
+                        continue;
+                    }
+                    let reasons = pauses.borrow_and_update().clone();
+                    if reasons.is_empty() == self.paused {
+                        self.paused = !reasons.is_empty();
+                        self.pause_all(self.paused, &reasons);
+                    }
+                }
+                batch = namespace_batch => match batch {
+                    Ok(items) => {
+                        if self.follow_namespaces(items) {
+                            self.reconcile().await?;
+                        }
+                    }
+                    Err(error) => {
+                        tracing::error!(%error, "cannot follow namespaces any more");
+                        namespaces = None;
+                    }
+                },
+                batch = crd_batch => match batch {
+                    Ok(items) => {
+                        if items.iter().any(|item| matches!(item, WatchItem::Event(..))) {
+                            self.rescan().await;
+                            self.reconcile().await?;
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot follow CRDs any more; resources appearing later will not be served");
+                        crds = None;
+                    }
+                },
+            }
+        }
+    }
+
+    /// Pauses every supervisor (streams stop, memories stay) or resumes them (they list again).
+    fn pause_all(&self, paused: bool, reasons: &std::collections::BTreeMap<String, String>) {
+        self.observer.paused(paused);
+        if paused {
+            let why: Vec<&str> = reasons.values().map(String::as_str).collect();
+            tracing::info!("Pausing operations: {}.", why.join("; "));
+            for supervisor in self.running.values() {
+                supervisor.do_send(Pause);
+            }
+        } else {
+            tracing::info!("Resuming operations.");
+            for supervisor in self.running.values() {
+                supervisor.do_send(Resume);
+            }
+        }
+    }
+
+    /// Updates the served namespaces; true if they changed.
+    fn follow_namespaces(&mut self, items: Vec<WatchItem>) -> bool {
+        let Served::Patterns { patterns, .. } = &self.served else {
+            return false;
+        };
+        let Followed { current, listing } = &mut self.followed;
+        let before = current.clone();
+        for item in items {
+            match item {
+                WatchItem::Listed(ns) => {
+                    let name = ns.metadata.name.unwrap_or_default();
+                    if patterns.matches(&name) {
+                        listing.insert(name);
+                    }
+                }
+                WatchItem::ListDone => *current = std::mem::take(listing),
+                WatchItem::Event(kind, ns) => {
+                    let name = ns.metadata.name.unwrap_or_default();
+                    if kind == kactor_reactor::watching::EventType::Deleted {
+                        current.remove(&name);
+                    } else if patterns.matches(&name) {
+                        current.insert(name);
+                    }
+                }
+            }
+        }
+        *current != before
+    }
+
+    /// Rescans discovery after a CRD changed, and re-resolves every handler's resource.
+    async fn rescan(&mut self) {
+        match discovery::scan(&self.client).await {
+            Ok(resources) => self.resources = resources,
+            Err(error) => {
+                tracing::warn!(%error, "discovery failed after a CRD changed; keeping what was served");
+                return;
+            }
+        }
+        for target in &mut self.targets {
+            let resolved = target
+                .selector
+                .resolve(&self.resources)
+                .ok()
+                .map(|r| Arc::new(r.clone()));
+            if resolved.as_deref() != target.resolved.as_deref() {
+                match &resolved {
+                    Some(resource) => {
+                        tracing::info!(resource = %resource, "serving a resource that appeared")
+                    }
+                    None => {
+                        tracing::info!(resource = %target.selector, "the resource is no longer served")
+                    }
+                }
+                target.resolved = resolved;
+            }
+        }
+    }
+
+    /// Starts the supervisors that should run and stops those that should not.
+    async fn reconcile(&mut self) -> Result<()> {
+        let mut desired: HashMap<SupervisorKey, (Arc<Resource>, ResourceHandlers)> = HashMap::new();
+        for target in &self.targets {
+            let Some(resource) = &target.resolved else {
+                continue;
+            };
+            let handlers = self.registry.handlers_for(&target.selector);
+            let namespaces: Vec<Option<String>> = match (&self.served, resource.namespaced) {
+                (Served::ClusterWide, _) | (_, false) => vec![None],
+                (Served::Fixed(names), true) => names.iter().cloned().map(Some).collect(),
+                (Served::Patterns { .. }, true) => {
+                    self.followed.current.iter().cloned().map(Some).collect()
+                }
+            };
+            for namespace in namespaces {
+                let entry = desired
+                    .entry((resource.to_string(), namespace))
+                    .or_insert_with(|| (resource.clone(), ResourceHandlers::default()));
+                entry.1.event.extend(handlers.event.iter().cloned());
+                entry.1.changing.extend(handlers.changing.iter().cloned());
+                entry.1.spawning.extend(handlers.spawning.iter().cloned());
+            }
+        }
+        let obsolete: Vec<_> = self
+            .running
+            .keys()
+            .filter(|k| !desired.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in obsolete {
+            if let Some(supervisor) = self.running.remove(&key) {
+                tracing::debug!(resource = %key.0, namespace = ?key.1, "stopping a supervisor");
+                supervisor.do_send(Shutdown);
+            }
+        }
+        for (key, (resource, handlers)) in desired {
+            if self.running.get(&key).is_some_and(Addr::connected) {
+                continue;
+            }
+            let config = SupervisorConfig {
+                resource,
+                namespace: key.1.clone(),
+                client: self.client.clone(),
+                handlers: Arc::new(handlers),
+                poster: self.poster.clone(),
+                settings: self.settings.clone(),
+                runtime: tokio::runtime::Handle::current(),
+                limiter: self.limiter.clone(),
+                tracker: self.tracker.clone(),
+                daemon_tracker: self.daemon_tracker.clone(),
+                observer: self.observer.clone(),
+                watches: self.watches.clone(),
+                start_paused: self.paused,
+            };
+            let supervisor = self
+                .actors
+                .start_actor(move || ResourceSupervisor::new(config))
+                .await?;
+            self.running.insert(key, supervisor);
+        }
+        Ok(())
+    }
+
+    /// Stops watching, lets handlers finish within `exit_timeout`, runs cleanup.
+    pub(super) async fn shutdown(&mut self, registry: &Registry, activity_ctx: ActivityCtx) {
+        for (_, supervisor) in self.running.drain() {
+            let _ = supervisor.send(Shutdown).await;
+        }
+        let cancelled = self
+            .tracker
+            .drain(self.settings.queueing.exit_timeout)
+            .await;
+        if cancelled > 0 {
+            tracing::warn!(cancelled, "handlers still running at exit were cancelled");
+        }
+        // Daemons and timers were asked to stop (OPERATOR_EXITING) and go through their stopping
+        // stages; they get the longest of those stages, or `exit_timeout`, then are cancelled.
+        let stages = registry
+            .spawning_handlers
+            .iter()
+            .map(|h| {
+                let c = h.cancellation();
+                c.backoff.unwrap_or_default() + c.timeout.unwrap_or_default()
+            })
+            .max()
+            .unwrap_or_default();
+        let wait = stages.max(self.settings.queueing.exit_timeout);
+        let cancelled = self.daemon_tracker.drain(wait).await;
+        if cancelled > 0 {
+            tracing::warn!(
+                cancelled,
+                "daemons and timers still running at exit were cancelled"
+            );
+        }
+        for activity in &registry.cleanup {
+            if let Err(error) = run_activity(activity, activity_ctx.clone()).await {
+                tracing::error!(activity = %activity.id, %error, "the cleanup activity failed");
+            }
+        }
+    }
+}

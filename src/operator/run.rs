@@ -1,0 +1,181 @@
+//! Running an operator: the sequence from the first request to the last (health, startup
+//! activities, coordination, the supervisors, then the graceful shutdown), and the signals that
+//! end it.
+
+use super::*;
+use coordination::Coordination;
+use orchestra::Orchestra;
+
+impl Operator {
+    /// Runs until SIGINT or SIGTERM, then shuts down gracefully; a second signal returns at once.
+    pub async fn run(self) -> Result<()> {
+        self.serve(stop_signal(), stop_signal()).await
+    }
+
+    /// Runs until `stop` completes, then shuts down gracefully. It installs no signal handlers: it is
+    /// for embedding, where the application owns the signals.
+    pub async fn run_until(self, stop: impl Future<Output = ()> + Send) -> Result<()> {
+        self.serve(stop, std::future::pending()).await
+    }
+
+    /// Serves until `stop`; then shuts down, unless `interrupt` completes first.
+    async fn serve(
+        self,
+        stop: impl Future<Output = ()> + Send,
+        interrupt: impl Future<Output = ()> + Send,
+    ) -> Result<()> {
+        let observer: Arc<dyn Observer> = if self.observers.is_empty() {
+            self.metrics.clone()
+        } else {
+            let mut all: Vec<Arc<dyn Observer>> = vec![self.metrics.clone()];
+            all.extend(self.observers.iter().cloned());
+            Arc::new(Tee(all))
+        };
+        // Every request of the operator is counted, whoever built the client.
+        let client = match self.client.clone() {
+            Some(client) => metered(client, observer.clone()),
+            None => {
+                let credentials =
+                    |e: kube::Error| Error::Credentials(discovery::one_line(&e.to_string()));
+                let config = kube::Config::infer()
+                    .await
+                    .map_err(|e| credentials(kube::Error::InferConfig(e)))?;
+                kube::client::ClientBuilder::try_from(config)
+                    .map_err(credentials)?
+                    .with_layer(&MeteredLayer(observer.clone()))
+                    .build()
+            }
+        };
+        let activity_ctx = ActivityCtx {
+            memo: self.memo.clone(),
+            client: client.clone(),
+        };
+        let watches = WatchBoard::new();
+        let health = HealthState::new(
+            &self.settings,
+            watches.clone(),
+            tokio::runtime::Handle::current(),
+        );
+        health.set_probes(self.registry.probes.clone(), activity_ctx.clone());
+        for (name, check) in &self.liveness_checks {
+            health.add_liveness_check(name, check.clone())?;
+        }
+        for (name, check) in &self.readiness_checks {
+            health.add_readiness_check(name, check.clone())?;
+        }
+        // Served from the start: during the startup activities, /readyz says why it is not ready.
+        let _server = match &self.liveness {
+            Some(url) => {
+                let endpoint = crate::liveness::endpoint(url)?;
+                let server = HealthServer::start(
+                    endpoint.addr,
+                    &endpoint.path,
+                    health.clone(),
+                    self.metrics.clone(),
+                )
+                .map_err(|source| Error::HealthServer {
+                    addr: endpoint.addr,
+                    source,
+                })?;
+                tracing::info!(address = %server.local_addr(), path = %endpoint.path, "serving health and metrics");
+                Some(server)
+            }
+            None => None,
+        };
+        for activity in &self.registry.startup {
+            tracing::debug!(activity = %activity.id, "running the startup activity");
+            if let Err(error) = run_activity(activity, activity_ctx.clone()).await {
+                return Err(Error::Startup {
+                    id: activity.id.clone(),
+                    message: error,
+                });
+            }
+        }
+        let coordination = Coordination::start(&self, &client, &observer)?;
+        let mut orchestra = Orchestra::new(&self, client.clone(), observer, watches).await?;
+        if self.liveness.is_some() {
+            // Its heartbeats are read only by the health server.
+            orchestra.start_health(health.clone()).await?;
+        }
+        // Ready once the supervisors exist (each then waits for its listing).
+        orchestra.serve(stop, || health.startup_done()).await?;
+        let ultimate = self.settings.process.ultimate_exiting_timeout;
+        let graceful = async {
+            orchestra.shutdown(&self.registry, activity_ctx).await;
+            // Last: the lease is released and the peering record removed only once nothing works.
+            coordination.stop().await;
+        };
+        let graceful = tokio::time::timeout(ultimate, graceful);
+        tokio::select! {
+            finished = graceful => finished.map_err(|_| Error::ExitTimeout(ultimate)),
+            () = interrupt => Err(Error::Interrupted),
+        }
+    }
+}
+
+pub(super) async fn run_activity(
+    activity: &Activity,
+    ctx: ActivityCtx,
+) -> std::result::Result<(), String> {
+    match std::panic::AssertUnwindSafe((activity.func)(ctx))
+        .catch_unwind()
+        .await
+    {
+        Ok(Ok(())) => {
+            tracing::info!("Activity '{}' succeeded.", activity.id);
+            Ok(())
+        }
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(_) => Err("the activity panicked".to_string()),
+    }
+}
+
+/// SIGINT (Ctrl-C) or SIGTERM.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let term = async {
+            match terminate.as_mut() {
+                Some(signal) => {
+                    signal.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            () = term => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_second_signal_during_a_slow_shutdown_returns_at_once() {
+        let emulator = kactor_emulator::Emulator::start().await.unwrap();
+        let operator = Operator::new()
+            .client(emulator.client())
+            .standalone()
+            .on_cleanup("slow", |_: ActivityCtx| async {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                Ok(())
+            });
+        // The first "signal" stops serving; the second comes while the cleanup hangs.
+        let interrupt = async { tokio::time::sleep(Duration::from_millis(300)).await };
+        let result =
+            tokio::time::timeout(Duration::from_secs(30), operator.serve(async {}, interrupt))
+                .await
+                .expect("no hang");
+        assert!(matches!(result, Err(Error::Interrupted)), "{result:?}");
+    }
+}
