@@ -41,10 +41,76 @@ pub mod prelude {
     pub use serde_json::json;
 }
 
-pub use kactor_reactor::{
-    causes, daemons, diffs, filters, handlers, lifecycles, observe, patches, pausing, posting,
-    resources, settings,
-};
+// The domain's public face: what handlers are given and return, their options, settings and
+// metrics hooks. The engine's internals (the registry's records, processing, execution, the
+// patching of objects, the watch stream) stay in the workspace's crates.
+
+/// Changing causes: why a changing handler runs ([`Ctx::cause`](handlers::Ctx::cause)).
+pub mod causes {
+    pub use kactor_reactor::causes::{ChangingCause, Reason};
+}
+
+/// Daemons and timers: their options, and how they are told to stop.
+pub mod daemons {
+    pub use kactor_reactor::daemons::{
+        Cancellation, Daemon, InitialDelay, SpawningKind, StopReason, StopReasons, Stopped, Timer,
+    };
+}
+
+/// What changed, as handlers are given it ([`Ctx::diff`](handlers::Ctx::diff)).
+pub mod diffs {
+    pub use kactor_reactor::diffs::{Diff, DiffItem, DiffOp};
+}
+
+/// Which objects and changes handlers are for.
+pub mod filters {
+    pub use kactor_reactor::filters::{MetaCheck, MetaFilter, ValueCheck, ValueFilter, WhenFn};
+}
+
+/// Handlers: what they are given ([`Ctx`](handlers::Ctx)), what they return, and their options.
+pub mod handlers {
+    pub use kactor_reactor::handlers::{
+        ActivityCtx, Ctx, ErrorsMode, HandlerError, HandlerResult, Logger, Memo, On, Options,
+    };
+}
+
+/// The order in which a cause's handlers run.
+pub mod lifecycles {
+    pub use kactor_reactor::lifecycles::Lifecycle;
+}
+
+/// Hooks for metrics: implement [`Observer`](observe::Observer) for another metrics system.
+pub mod observe {
+    pub use kactor_reactor::observe::{HandlerRun, NoObserver, Observer, Tee, Verdict};
+    pub use kactor_reactor::watching::RestartReason;
+}
+
+/// What handlers write to their object ([`Ctx::patch`](handlers::Ctx::patch)).
+pub mod patches {
+    pub use kactor_reactor::patches::{Patch, PatchFn};
+}
+
+/// Pausing the operator ([`Operator::pause_switch`]).
+pub mod pausing {
+    pub use kactor_reactor::pausing::PauseSwitch;
+}
+
+/// Kubernetes Events about objects.
+pub mod posting {
+    pub use kactor_reactor::posting::{Level, PostingSettings};
+}
+
+/// What the cluster serves, and how handlers name it.
+pub mod resources {
+    pub use kactor_reactor::resources::{Resource, Selector};
+}
+
+/// The operator's settings (Kopf's `settings`).
+pub mod settings {
+    pub use kactor_reactor::settings::{
+        Execution, Health, Networking, Persistence, Process, Queueing, Settings, Watching,
+    };
+}
 
 /// Health checks, probes and Prometheus metrics (re-exported from `kactor-health`).
 pub use kactor_health as health;
