@@ -667,4 +667,47 @@ mod emulator_only {
         let object = handling.get().await.unwrap();
         assert_eq!(object.data["status"]["create_fn"], json!({"size": 1}));
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_restart_resumes_a_handled_object_once_per_process() {
+        let seen = Seen::default();
+        let resume = handler(&seen, On::id("resume_fn"), None, 0, Duration::ZERO);
+        let mut handling = Handling::new(vec![create(&seen), resume]).await;
+        handling.create_widget(1).await;
+        handling.cycle(EventType::Added).await;
+        handling.settle().await;
+        seen.take();
+
+        // A new process lists the object: unchanged since it was handled.
+        handling.memory = ObjectMemory::default();
+        handling.cycle(EventType::Listed).await;
+        let resumed = seen.take();
+        assert_eq!(resumed.len(), 1, "{resumed:?}");
+        assert!(resumed[0].starts_with("resume_fn resume 0"), "{resumed:?}");
+        handling.settle().await;
+
+        // Listed again in the same process (a relist): no second resume.
+        handling.cycle(EventType::Listed).await;
+        assert!(seen.take().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_outside_the_essence_runs_nothing_and_writes_nothing() {
+        let seen = Seen::default();
+        let mut handling = Handling::new(vec![create(&seen), update(&seen)]).await;
+        handling.create_widget(1).await;
+        handling.cycle(EventType::Added).await;
+        handling.settle().await;
+        seen.take();
+
+        let patch = json!({"status": {"elsewhere": true}});
+        handling
+            .widgets
+            .patch_status("w1", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        let cycle = handling.cycle(EventType::Modified).await;
+        assert_eq!(cycle, Cycle::default());
+        assert!(seen.take().is_empty());
+    }
 }
