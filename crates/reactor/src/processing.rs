@@ -632,17 +632,7 @@ impl Processor {
         if let Value::Object(map) = merge {
             changes.merge = map;
         }
-        // Patches share the handlers' limit: a listing of thousands of objects must not open
-        // thousands of connections to the API server at once.
-        let _permit = self.limiter.acquire().await;
-        let applied = patches::apply(
-            &self.client,
-            &self.resource,
-            body,
-            changes,
-            &self.settings.networking.error_backoffs,
-        )
-        .await?;
+        let applied = self.send(body, changes).await?;
         memory.remaining = applied.remaining;
         Ok(
             match (applied.gone, applied.released, applied.resource_version) {
@@ -656,6 +646,7 @@ impl Processor {
             },
         )
     }
+
     /// Touches the object (the touch annotation set to now) so that its next event starts a cycle
     /// after a fully slept delay. Returns the new version.
     pub async fn touch(&self, body: &DynamicObject) -> Result<Option<String>, ProcessingError> {
@@ -665,6 +656,18 @@ impl Processor {
             merge: merge.as_object().cloned().unwrap_or_default(),
             fns: Vec::new(),
         };
+        let applied = self.send(body, changes).await?;
+        Ok(applied.resource_version)
+    }
+
+    /// Sends changes to the object ([`patches::apply`], with the operator's retries). Patches share
+    /// the handlers' limit: a listing of thousands of objects must not open thousands of
+    /// connections to the API server at once.
+    async fn send(
+        &self,
+        body: &DynamicObject,
+        changes: patches::Changes,
+    ) -> Result<patches::Applied, ProcessingError> {
         let _permit = self.limiter.acquire().await;
         let applied = patches::apply(
             &self.client,
@@ -674,7 +677,7 @@ impl Processor {
             &self.settings.networking.error_backoffs,
         )
         .await?;
-        Ok(applied.resource_version)
+        Ok(applied)
     }
 
     /// The last handled essence (the diff-base), the current one, and the diff between them.

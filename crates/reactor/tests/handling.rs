@@ -78,34 +78,21 @@ mod emulator_only {
         ChangingHandler::register(Selector::parse(WIDGETS), on, reason, func)
     }
 
+    /// A handler of this id for this reason that succeeds at once.
+    fn plain(seen: &Seen, id: &str, reason: Reason) -> ChangingHandler {
+        handler(seen, On::id(id), Some(reason), 0, Duration::ZERO)
+    }
+
     fn create(seen: &Seen) -> ChangingHandler {
-        handler(
-            seen,
-            On::id("create_fn"),
-            Some(Reason::Create),
-            0,
-            Duration::ZERO,
-        )
+        plain(seen, "create_fn", Reason::Create)
     }
 
     fn update(seen: &Seen) -> ChangingHandler {
-        handler(
-            seen,
-            On::id("update_fn"),
-            Some(Reason::Update),
-            0,
-            Duration::ZERO,
-        )
+        plain(seen, "update_fn", Reason::Update)
     }
 
     fn delete(seen: &Seen) -> ChangingHandler {
-        handler(
-            seen,
-            On::id("delete_fn"),
-            Some(Reason::Delete),
-            0,
-            Duration::ZERO,
-        )
+        plain(seen, "delete_fn", Reason::Delete)
     }
 
     fn field(seen: &Seen) -> ChangingHandler {
