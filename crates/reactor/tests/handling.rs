@@ -179,6 +179,13 @@ mod emulator_only {
             panic!("no quiet after 10 cycles");
         }
 
+        /// A widget of size 1, created and handled to quiet.
+        async fn handled(&mut self) {
+            self.create_widget(1).await;
+            self.cycle(EventType::Added).await;
+            self.settle().await;
+        }
+
         /// A cycle on the object as it is now, as the watch would bring it.
         async fn cycle(&mut self, event_type: EventType) -> Cycle {
             let body = self.get().await.expect("the object exists");
@@ -407,9 +414,7 @@ mod emulator_only {
     async fn an_update_gives_update_and_field_handlers_the_old_and_new_values() {
         let seen = Seen::default();
         let mut handling = Handling::new(vec![create(&seen), update(&seen), field(&seen)]).await;
-        handling.create_widget(1).await;
-        handling.cycle(EventType::Added).await;
-        handling.settle().await;
+        handling.handled().await;
         assert_eq!(
             seen.take(),
             [
@@ -518,9 +523,7 @@ mod emulator_only {
     async fn a_deletion_runs_the_delete_handler_then_releases_the_finalizer_for_good() {
         let seen = Seen::default();
         let mut handling = Handling::new(vec![create(&seen), delete(&seen)]).await;
-        handling.create_widget(1).await;
-        handling.cycle(EventType::Added).await;
-        handling.settle().await;
+        handling.handled().await;
         seen.take();
 
         handling
@@ -660,9 +663,7 @@ mod emulator_only {
         let seen = Seen::default();
         let resume = handler(&seen, On::id("resume_fn"), None, 0, Duration::ZERO);
         let mut handling = Handling::new(vec![create(&seen), resume]).await;
-        handling.create_widget(1).await;
-        handling.cycle(EventType::Added).await;
-        handling.settle().await;
+        handling.handled().await;
         seen.take();
 
         // A new process lists the object: unchanged since it was handled.
@@ -682,9 +683,7 @@ mod emulator_only {
     async fn a_change_outside_the_essence_runs_nothing_and_writes_nothing() {
         let seen = Seen::default();
         let mut handling = Handling::new(vec![create(&seen), update(&seen)]).await;
-        handling.create_widget(1).await;
-        handling.cycle(EventType::Added).await;
-        handling.settle().await;
+        handling.handled().await;
         seen.take();
 
         let patch = json!({"status": {"elsewhere": true}});
