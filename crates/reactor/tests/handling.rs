@@ -438,22 +438,29 @@ mod emulator_only {
         assert_eq!(object.data["status"]["size/spec.size"], json!({"size": 2}));
     }
 
+    /// A creation whose create handler failed once (it retries after a second), beside a field
+    /// handler on `spec.size`: after its first cycle.
+    async fn creation_retrying(seen: &Seen) -> Handling {
+        let slow = handler(
+            seen,
+            On::id("create_fn"),
+            Some(Reason::Create),
+            1,
+            Duration::from_secs(1),
+        );
+        let mut handling = Handling::new(vec![slow, field(seen)]).await;
+        handling.create_widget(1).await;
+        handling.cycle(EventType::Added).await;
+        handling
+    }
+
     /// Crash consistency: a change made while the creation is still retrying is not absorbed into
     /// it. The creation ends with the diff-base it started from, so the change is an update after
     /// it, and the field handler sees the value the field settled on.
     #[tokio::test(start_paused = true)]
     async fn a_change_made_while_a_cause_is_retrying_is_handled_after_it() {
         let seen = Seen::default();
-        let slow = handler(
-            &seen,
-            On::id("create_fn"),
-            Some(Reason::Create),
-            1,
-            Duration::from_secs(1),
-        );
-        let mut handling = Handling::new(vec![slow, field(&seen)]).await;
-        handling.create_widget(1).await;
-        handling.cycle(EventType::Added).await;
+        let mut handling = creation_retrying(&seen).await;
         let object = handling.get().await.unwrap();
         assert_eq!(
             stored(&object, CAUSE_BASE),
@@ -495,16 +502,7 @@ mod emulator_only {
     #[tokio::test(start_paused = true)]
     async fn a_change_made_while_a_cause_is_retrying_is_handled_after_it_across_a_restart() {
         let seen = Seen::default();
-        let slow = handler(
-            &seen,
-            On::id("create_fn"),
-            Some(Reason::Create),
-            1,
-            Duration::from_secs(1),
-        );
-        let mut handling = Handling::new(vec![slow, field(&seen)]).await;
-        handling.create_widget(1).await;
-        handling.cycle(EventType::Added).await;
+        let mut handling = creation_retrying(&seen).await;
         handling.resize(2).await;
 
         handling.memory = ObjectMemory::default();
