@@ -19,8 +19,8 @@ pub const ANNOTATIONS_SIZE_LIMIT: usize = 256 * 1024;
 
 /// The annotation that `kubectl apply` keeps; never part of the essence, as in Kopf.
 /// The annotation (under the operator's prefix) that keeps, while a cause spans several cycles, the
-/// essence the cause started from: what its first handlers saw. When the cause is done, that essence
-/// becomes the diff-base, so a change that arrived meanwhile is a change after it (an update). A
+/// essence the cause started from (what its first handlers saw), with each field handler's field as
+/// that handler last saw it. When the cause is done, that essence becomes the diff-base, so a change that arrived meanwhile is a change after it (an update). A
 /// kactor record: Kopf does not write it, leaves it alone, and keeps it out of the essence as every
 /// annotation under its prefix.
 pub const CAUSE_BASE_KEY: &str = "cause-base-configuration";

@@ -14,9 +14,10 @@
 //!    back), per the lifecycle, with their progress read from and written to the object's
 //!    annotations. A cause that spans several cycles (a retry, a delay) keeps the essence it started
 //!    from, in the worker's memory and on the object ([`crate::diffbase::CAUSE_BASE_KEY`], written
-//!    with the progress), for the cycles and restarts to come. Once every handler of the cause is
-//!    done, progress is purged and the diff-base written: the essence the cause started from, not
-//!    the newest;
+//!    with the progress), for the cycles and restarts to come, with each field handler's field set
+//!    to the value that handler last saw. Once every handler of the cause is done, progress is
+//!    purged and that becomes the diff-base: not the newest essence, so that whatever changed since
+//!    a handler looked is an update after the cause;
 //! 6. `release_finalizer`: during a deletion, the finalizer goes once no handler is pending and no
 //!    daemon or timer still stops;
 //! 7. `apply_patch`: everything goes out as one combined patch ([`crate::patches::apply`]): the
@@ -755,8 +756,9 @@ impl Processor {
             }
         };
         if progress.done {
-            // What the cause's handlers saw: the essence it started from. A change that arrived
-            // while it was in progress is then a change after it, handled by the next cycle.
+            // What the cause's handlers saw: the essence it started from, with each field
+            // handler's field as that handler last saw it. A change that arrived while it was in
+            // progress is then a change after it, handled by the next cycle.
             if let Some(new) = progress.base.as_ref().or(cause.new.as_deref()) {
                 if cause.old.as_deref() != Some(new) {
                     self.store_diff_base(ctx, new, memory);
@@ -823,6 +825,9 @@ impl Processor {
         state.store(&self.progress, &mut merge);
         for (id, outcome) in &outcomes {
             deliver_result(ctx.patch(), id, outcome);
+        }
+        if let Some(base) = progress.base.as_mut() {
+            seen_by_field_handlers(base, cause, &handlers, &outcomes);
         }
         if state.done() {
             let counts = state.counts();
@@ -992,6 +997,46 @@ impl Processor {
                     Value::String(text),
                 );
                 memory.oversized_diff_base = Some(essence.clone());
+            }
+        }
+    }
+}
+
+/// Sets, in the cause's base, each field whose handler just succeeded to the value it saw (this
+/// cycle's essence): the base then holds, field by field, what the field handlers last saw, and the
+/// rest as the cause started. A field handler that saw an intermediate value (the field changed
+/// mid-cause and changed back after) gets the change to the value the field settled on as an update
+/// after the cause, instead of the diff-base claiming it saw the start.
+fn seen_by_field_handlers(
+    base: &mut Value,
+    cause: &ChangingCause,
+    handlers: &[&ChangingHandler],
+    outcomes: &[(String, Outcome)],
+) {
+    let Some(new) = cause.new.as_deref() else {
+        return;
+    };
+    for (id, outcome) in outcomes {
+        if outcome.error.is_some() || !outcome.final_ {
+            continue;
+        }
+        let field = handlers
+            .iter()
+            .find(|h| h.id == *id)
+            .and_then(|h| h.filters.field.as_ref());
+        let Some(field) = field.filter(|f| !f.is_empty()) else {
+            continue;
+        };
+        match resolve(new, field) {
+            Some(_) => diffs::cherrypick(new, base, std::slice::from_ref(field)),
+            None => {
+                let (last, parents) = field.split_last().unwrap_or((&field[0], &[]));
+                let parent = parents
+                    .iter()
+                    .try_fold(&mut *base, |value, key| value.get_mut(key));
+                if let Some(Value::Object(fields)) = parent {
+                    fields.remove(last);
+                }
             }
         }
     }
