@@ -264,8 +264,7 @@ fn on_stop(phase: Phase, facts: Facts) -> (Phase, Vec<Effect>) {
 /// Nothing holds the object any more: a cycle releases (or drops) the finalizer now.
 fn on_released(phase: Phase, facts: Facts) -> (Phase, Vec<Effect>) {
     match phase {
-        Phase::Busy(Task::Cycle) => (phase, vec![Recheck]),
-        Phase::Busy(Task::Touch) => (phase, vec![Recheck]),
+        Phase::Busy(_) => (phase, vec![Recheck]),
         Phase::Idle | Phase::Scheduled(Wait::Consistency | Wait::Retry) if !facts.pending => {
             rerun(vec![CancelTimer], facts)
         }

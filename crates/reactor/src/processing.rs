@@ -1024,13 +1024,12 @@ fn seen_by_field_handlers(
             .iter()
             .find(|h| h.id == *id)
             .and_then(|h| h.filters.field.as_ref());
-        let Some(field) = field.filter(|f| !f.is_empty()) else {
+        let Some((field, (last, parents))) = field.and_then(|f| Some((f, f.split_last()?))) else {
             continue;
         };
         match resolve(new, field) {
             Some(_) => diffs::cherrypick(new, base, std::slice::from_ref(field)),
             None => {
-                let (last, parents) = field.split_last().unwrap_or((&field[0], &[]));
                 let parent = parents
                     .iter()
                     .try_fold(&mut *base, |value, key| value.get_mut(key));
