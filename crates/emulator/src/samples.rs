@@ -74,7 +74,43 @@ pub async fn install_widgets(
     crds.create(&kube::api::PostParams::default(), &crd).await?;
     let widgets = kube::Api::namespaced_with(client.clone(), "default", &widget_api_resource());
     until_served(&widgets).await?;
+    until_discovered(client, "example.com", "v1", "widgets").await?;
     Ok(widgets)
+}
+
+/// Waits until discovery lists `plural` in `group`/`version` (both `/apis` and the group-version's
+/// resource list), for at most 30 s. A real API server serves a new CRD's objects a moment before
+/// its discovery documents name it, so what resolves kinds through discovery (RBAC generation, an
+/// operator's start) must wait for this, not for the list to answer. At the deadline it returns
+/// all the same: the resolution that follows says what is missing.
+pub async fn until_discovered(
+    client: &kube::Client,
+    group: &str,
+    version: &str,
+    plural: &str,
+) -> kube::Result<()> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let grouped = client
+            .list_api_groups()
+            .await?
+            .groups
+            .iter()
+            .any(|g| g.name == group && g.versions.iter().any(|v| v.version == version));
+        let listed = grouped
+            && match client
+                .list_api_group_resources(&format!("{group}/{version}"))
+                .await
+            {
+                Ok(list) => list.resources.iter().any(|r| r.name == plural),
+                Err(kube::Error::Api(status)) if status.code == 404 => false,
+                Err(error) => return Err(error),
+            };
+        if listed || tokio::time::Instant::now() >= deadline {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 /// Waits until `api`'s resource is served (a list answers something else than 404 Not Found), for
