@@ -45,6 +45,16 @@ pub mod prelude {
 // metrics hooks. The engine's internals (the registry's records, processing, execution, the
 // patching of objects, the watch stream) stay in the workspace's crates.
 
+/// Object actors: a type of the user's own per object, with its state, its lifecycle methods and
+/// its mailbox ([`Operator::actor`], [`Operator::actors`]; `docs/actors.md`).
+pub mod actors {
+    pub use kactor_actors::objects::{
+        ActorCtx, ActorError, ActorOptions, ActorRef, Actors, Method, ObjectActor, ObjectKey,
+        DEFAULT_ASK_TIMEOUT, DEFAULT_MAILBOX,
+    };
+    pub use kactor_reactor::observe::MessageOutcome;
+}
+
 /// Changing causes: why a changing handler runs ([`Ctx::cause`](handlers::Ctx::cause)).
 pub mod causes {
     pub use kactor_reactor::causes::{ChangingCause, Reason};
@@ -81,7 +91,9 @@ pub mod lifecycles {
 
 /// Hooks for metrics: implement [`Observer`](observe::Observer) for another metrics system.
 pub mod observe {
-    pub use kactor_reactor::observe::{HandlerRun, NoObserver, Observer, Tee, Verdict};
+    pub use kactor_reactor::observe::{
+        HandlerRun, MessageOutcome, NoObserver, Observer, Tee, Verdict,
+    };
     pub use kactor_reactor::watching::RestartReason;
 }
 

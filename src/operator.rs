@@ -24,6 +24,7 @@ use std::sync::Arc;
 use actix::Addr;
 use futures::FutureExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kactor_actors::objects::{ActorOptions, Actors, ObjectActor, ObjectHost};
 use kactor_actors::supervisor::{Pause, ResourceSupervisor, Resume, Shutdown, SupervisorConfig};
 use kactor_actors::system::ActorSystem;
 use kactor_actors::tracker::Tracker;
@@ -91,6 +92,10 @@ pub struct Operator {
     crds: Vec<CustomResourceDefinition>,
     /// What the handlers do with their own clients, for `rbac generate`.
     permissions: Vec<Extra>,
+    /// The object actors, by the resource they serve.
+    hosts: Vec<(Selector, Arc<dyn ObjectHost>)>,
+    /// The object actors' tables, by actor type, for [`Operator::actors`].
+    actor_types: HashMap<std::any::TypeId, Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Default for Operator {
@@ -121,6 +126,8 @@ impl Operator {
             readiness_checks: Vec::new(),
             crds: Vec::new(),
             permissions: Vec::new(),
+            hosts: Vec::new(),
+            actor_types: HashMap::new(),
         }
     }
 
@@ -515,6 +522,106 @@ impl Operator {
             func: handler_fn(handler),
         });
         self
+    }
+
+    /// Registers an actor type of the user's own ([`ObjectActor`]): one instance per object of
+    /// `resource`, made by `factory` from the object when it is first seen in this process (its
+    /// creation, or the listing at startup or after a pause), alive until the object is gone, the
+    /// operator pauses or exits. Its lifecycle methods run as changing handlers, with every Kopf
+    /// guarantee of closure handlers (progress, retries, results in `status.<id>`, a finalizer for
+    /// `on_delete`), in the order of registration among the other handlers of the resource (as Kopf
+    /// runs its handlers); messages reach it through
+    /// [`Operator::actors`]. See `docs/actors.md`.
+    ///
+    /// ```no_run
+    /// use kactor::prelude::*;
+    /// use kactor::actors::{ActorCtx, ActorOptions, ActorRef, ObjectActor};
+    /// use kube::api::DynamicObject;
+    /// use serde_json::Value;
+    ///
+    /// struct Cache { hits: u64 }
+    ///
+    /// impl ObjectActor for Cache {
+    ///     type Resource = DynamicObject;
+    ///     type Message = ();
+    ///     type Reply = u64;
+    ///
+    ///     async fn on_create(&mut self, ctx: &ActorCtx<Self>) -> Result<Value, HandlerError> {
+    ///         ctx.info("Created", "the cache is warm");
+    ///         Ok(json!({"warm": true}))              // lands in status["cache/create"]
+    ///     }
+    ///
+    ///     async fn on_message(&mut self, (): (), _me: &ActorRef<Self>) -> u64 {
+    ///         self.hits += 1;
+    ///         self.hits
+    ///     }
+    /// }
+    ///
+    /// # async fn example() -> kactor::Result<()> {
+    /// let operator = Operator::new().actor(
+    ///     ("example.com", "v1", "caches"),
+    ///     ActorOptions::new("cache").delete(),
+    ///     |_: &DynamicObject| Cache { hits: 0 },
+    /// );
+    /// let caches = operator.actors::<Cache>();
+    /// tokio::spawn(async move {
+    ///     let hits = caches.ask(("default", "c1"), ()).await;
+    /// });
+    /// operator.run_from_args().await
+    /// # }
+    /// ```
+    ///
+    /// # Panics
+    /// If `A` is registered already: one type serves one resource (wrap it in a newtype to serve
+    /// another).
+    pub fn actor<A, S, L, F>(mut self, resource: S, lifecycle: L, factory: F) -> Self
+    where
+        A: ObjectActor,
+        S: Into<Selector>,
+        L: Into<ActorOptions>,
+        F: Fn(&A::Resource) -> A + Send + Sync + 'static,
+    {
+        let selector = resource.into();
+        let actors = Actors::<A>::new(lifecycle.into(), factory);
+        let previous = self
+            .actor_types
+            .insert(std::any::TypeId::of::<A>(), Box::new(actors.clone()));
+        assert!(
+            previous.is_none(),
+            "the actor type {} is registered twice; one type serves one resource",
+            std::any::type_name::<A>()
+        );
+        for (reason, on, func) in actors.handlers() {
+            self.registry
+                .changing_handlers
+                .push(ChangingHandler::register(
+                    selector.clone(),
+                    on,
+                    reason,
+                    func,
+                ));
+        }
+        self.hosts.push((selector, Arc::new(actors)));
+        self
+    }
+
+    /// The actors of the type `A` registered with [`Operator::actor`]: send them messages by
+    /// object (`tell`, `try_tell`, `ask`) from anywhere: other handlers, daemons, the application's
+    /// own code. Cheap to clone; take it before the operator runs.
+    ///
+    /// # Panics
+    /// If `A` was not registered with [`Operator::actor`].
+    pub fn actors<A: ObjectActor>(&self) -> Actors<A> {
+        self.actor_types
+            .get(&std::any::TypeId::of::<A>())
+            .and_then(|actors| actors.downcast_ref::<Actors<A>>())
+            .cloned()
+            .unwrap_or_else(|| {
+                panic!(
+                    "the actor type {} is not registered; register it with Operator::actor first",
+                    std::any::type_name::<A>()
+                )
+            })
     }
 
     /// Adds an observer: it is told what the operator does (watch batches, handler runs, workers,

@@ -8,6 +8,9 @@ use super::*;
 /// A supervisor's identity: the resource (kubectl form) and the namespace (None: cluster-wide).
 type SupervisorKey = (String, Option<String>);
 
+/// The users' object actors of one resource.
+type Hosts = Vec<Arc<dyn ObjectHost>>;
+
 /// What one resource is served with.
 struct Target {
     selector: Selector,
@@ -29,6 +32,8 @@ pub(super) struct Orchestra {
     client: kube::Client,
     settings: Arc<Settings>,
     registry: Registry,
+    /// The users' object actors, by the resource they serve.
+    hosts: Vec<(Selector, Arc<dyn ObjectHost>)>,
     actors: ActorSystem,
     limiter: Arc<Semaphore>,
     tracker: Arc<Tracker>,
@@ -79,6 +84,7 @@ impl Orchestra {
             client,
             settings: Arc::new(operator.settings.clone()),
             registry: operator.registry.clone(),
+            hosts: operator.hosts.clone(),
             actors: ActorSystem::start()?,
             limiter: Arc::new(Semaphore::new(
                 operator.settings.execution.max_concurrent_handlers.max(1),
@@ -284,7 +290,8 @@ impl Orchestra {
 
     /// Starts the supervisors that should run and stops those that should not.
     async fn reconcile(&mut self) -> Result<()> {
-        let mut desired: HashMap<SupervisorKey, (Arc<Resource>, ResourceHandlers)> = HashMap::new();
+        let mut desired: HashMap<SupervisorKey, (Arc<Resource>, ResourceHandlers, Hosts)> =
+            HashMap::new();
         for target in &self.targets {
             let Some(resource) = &target.resolved else {
                 continue;
@@ -300,10 +307,16 @@ impl Orchestra {
             for namespace in namespaces {
                 let entry = desired
                     .entry((resource.to_string(), namespace))
-                    .or_insert_with(|| (resource.clone(), ResourceHandlers::default()));
+                    .or_insert_with(|| (resource.clone(), ResourceHandlers::default(), Vec::new()));
                 entry.1.event.extend(handlers.event.iter().cloned());
                 entry.1.changing.extend(handlers.changing.iter().cloned());
                 entry.1.spawning.extend(handlers.spawning.iter().cloned());
+                entry.2.extend(
+                    self.hosts
+                        .iter()
+                        .filter(|(selector, _)| *selector == target.selector)
+                        .map(|(_, host)| host.clone()),
+                );
             }
         }
         let obsolete: Vec<_> = self
@@ -318,7 +331,7 @@ impl Orchestra {
                 supervisor.do_send(Shutdown);
             }
         }
-        for (key, (resource, handlers)) in desired {
+        for (key, (resource, handlers, actors)) in desired {
             if self.running.get(&key).is_some_and(Addr::connected) {
                 continue;
             }
@@ -336,6 +349,7 @@ impl Orchestra {
                 observer: self.observer.clone(),
                 watches: self.watches.clone(),
                 start_paused: self.paused,
+                actors,
             };
             let supervisor = self
                 .actors

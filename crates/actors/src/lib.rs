@@ -5,9 +5,11 @@
 //! It is not for: deciding what to watch (the operator in the root crate does that), or the domain
 //! rules (`kactor-reactor`).
 //!
-//! Start with [`supervisor::ResourceSupervisor`] and [`worker::ObjectWorker`].
+//! Start with [`supervisor::ResourceSupervisor`] and [`worker::ObjectWorker`]; the users' own
+//! actors of objects are in [`objects`].
 
 pub mod daemons;
+pub mod objects;
 pub mod phase;
 pub mod supervisor;
 pub mod system;

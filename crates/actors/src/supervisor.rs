@@ -32,12 +32,14 @@ use kactor_reactor::posting::EventPoster;
 use kactor_reactor::processing::{ObjectMemory, Processor};
 use kactor_reactor::resources::Resource;
 use kactor_reactor::settings::Settings;
+use kactor_reactor::stopping::StopReason;
 use kactor_reactor::watching::{EventType, WatchError, WatchItem, WatchStatus, Watcher};
 use kube::api::{Api, DynamicObject, ObjectMeta};
 use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
 
 use crate::daemons::{ApiSink, DaemonEnv};
+use crate::objects::{ActorEnv, ObjectHost, ObjectKey};
 use crate::tracker::Tracker;
 use crate::worker::{self, Deliver, Idle, Interrupted, ObjectWorker, Returned, Stop, WorkerShared};
 
@@ -73,6 +75,9 @@ pub struct SupervisorConfig {
     pub watches: WatchBoard,
     /// Start without watching (the operator is paused); a [`Resume`] starts the stream.
     pub start_paused: bool,
+    /// The users' object actors of this resource: each seen object has one of each, stopped when
+    /// the object is deleted, the supervisor pauses or stops.
+    pub actors: Vec<Arc<dyn ObjectHost>>,
 }
 
 /// One batch from the watch stream.
@@ -204,6 +209,14 @@ impl ResourceSupervisor {
 
     fn route(&mut self, event_type: EventType, object: DynamicObject, received: Instant) {
         let key = key_of(&self.config.resource, &object);
+        let body = Arc::new(object);
+        if event_type != EventType::Deleted && self.shared.is_some() {
+            // Before the unchanged check: after a resume, an unchanged object gets its actors again.
+            for host in &self.config.actors {
+                host.seen(&body);
+            }
+        }
+        let object = &*body;
         let rv: Box<str> = object
             .metadata
             .resource_version
@@ -240,7 +253,7 @@ impl ResourceSupervisor {
         record.interrupted = false;
         let deliver = Deliver {
             event_type,
-            body: Arc::new(object),
+            body,
             seq: record.sent,
             received,
         };
@@ -278,7 +291,23 @@ impl ResourceSupervisor {
             record.worker = Some(worker);
         }
         if deleted {
-            self.records.remove(&key);
+            if let Some(record) = self.records.remove(&key) {
+                self.actors_gone(&record, StopReason::ResourceDeleted);
+            }
+        }
+    }
+
+    /// Stops the object's actors, for `reason`.
+    fn actors_gone(&self, record: &Record, reason: StopReason) {
+        if self.config.actors.is_empty() {
+            return;
+        }
+        let key = ObjectKey {
+            namespace: record.namespace.as_deref().map(String::from),
+            name: record.name.to_string(),
+        };
+        for host in &self.config.actors {
+            host.gone(&key, record.uid.as_deref(), reason);
         }
     }
 
@@ -402,6 +431,14 @@ impl Actor for ResourceSupervisor {
             config.limiter.clone(),
         )
         .observed(config.observer.clone());
+        for host in &config.actors {
+            host.bind(ActorEnv {
+                runtime: config.runtime.clone(),
+                tracker: config.daemon_tracker.clone(),
+                observer: config.observer.clone(),
+            });
+            config.observer.actors_served(host.name());
+        }
         self.shared = Some(Arc::new(WorkerShared {
             processor: Arc::new(processor),
             runtime: config.runtime.clone(),
@@ -430,6 +467,9 @@ impl Actor for ResourceSupervisor {
             if let Some(worker) = record.worker.take() {
                 worker.do_send(Stop);
             }
+        }
+        for record in self.records.values() {
+            self.actors_gone(record, StopReason::OperatorExiting);
         }
         tracing::debug!(supervisor = %self.label, "stopped watching");
     }
@@ -541,6 +581,7 @@ impl Handler<Pause> for ResourceSupervisor {
             if let Some(worker) = &record.worker {
                 worker.do_send(worker::Pause);
             }
+            self.actors_gone(record, StopReason::OperatorPausing);
         }
     }
 }

@@ -70,6 +70,7 @@ impl Supervised {
             observer: Arc::new(kactor_reactor::observe::NoObserver),
             watches: kactor_reactor::observe::WatchBoard::new(),
             start_paused: false,
+            actors: Vec::new(),
         };
         let actors = ActorSystem::start().unwrap();
         let supervisor = actors

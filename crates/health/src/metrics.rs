@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use kactor_reactor::daemons::SpawningKind;
-use kactor_reactor::observe::{HandlerRun, Observer, Verdict};
+use kactor_reactor::observe::{HandlerRun, MessageOutcome, Observer, Verdict};
 use kactor_reactor::watching::RestartReason;
 use prometheus::{
     HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
@@ -63,6 +63,10 @@ pub struct Metrics {
     leader: IntGaugeVec,
     api_requests: IntCounterVec,
     api_duration: HistogramVec,
+    actors: IntGaugeVec,
+    mailbox_depth: IntGaugeVec,
+    actor_messages: IntCounterVec,
+    message_duration: HistogramVec,
 }
 
 impl Metrics {
@@ -183,6 +187,27 @@ impl Metrics {
                 "How long Kubernetes API requests took until the response's headers.",
                 &["verb"],
                 &API_BUCKETS,
+            )?,
+            actors: gauges(
+                "kactor_actors",
+                "Object actors alive now, by actor (the name of their lifecycle).",
+                &["actor"],
+            )?,
+            mailbox_depth: gauges(
+                "kactor_actor_mailbox_depth",
+                "Messages and lifecycle calls waiting in the mailboxes of the actors, summed.",
+                &["actor"],
+            )?,
+            actor_messages: counter(
+                "kactor_actor_messages_total",
+                "Messages to object actors, by result: handled, panicked, not_found, full, timeout.",
+                &["actor", "result"],
+            )?,
+            message_duration: histogram(
+                "kactor_actor_message_duration_seconds",
+                "How long object actors took to handle a message.",
+                &["actor"],
+                &HANDLER_BUCKETS,
             )?,
             registry,
         };
@@ -314,6 +339,35 @@ impl Observer for Metrics {
         self.leader
             .with_label_values(&[name])
             .set(i64::from(leading));
+    }
+
+    fn actors_served(&self, actor: &str) {
+        self.actors.with_label_values(&[actor]).add(0);
+        self.mailbox_depth.with_label_values(&[actor]).add(0);
+        for outcome in MessageOutcome::ALL {
+            self.actor_messages
+                .with_label_values(&[actor, outcome.as_str()])
+                .inc_by(0);
+        }
+    }
+
+    fn actors_changed(&self, actor: &str, delta: i64) {
+        self.actors.with_label_values(&[actor]).add(delta);
+    }
+
+    fn mailboxes_changed(&self, actor: &str, delta: i64) {
+        self.mailbox_depth.with_label_values(&[actor]).add(delta);
+    }
+
+    fn actor_message(&self, actor: &str, outcome: MessageOutcome, duration: Duration) {
+        self.actor_messages
+            .with_label_values(&[actor, outcome.as_str()])
+            .inc();
+        if matches!(outcome, MessageOutcome::Handled | MessageOutcome::Panicked) {
+            self.message_duration
+                .with_label_values(&[actor])
+                .observe(duration.as_secs_f64());
+        }
     }
 
     fn api_request(&self, verb: &'static str, code: Option<u16>, duration: Duration) {
@@ -653,6 +707,45 @@ mod tests {
     }
 
     #[test]
+    fn actors_are_gauged_and_their_messages_counted_by_result_from_zero() {
+        let metrics = Metrics::new().unwrap();
+        metrics.actors_served("cache");
+        let cache = [("actor", "cache")];
+        assert_eq!(value(&metrics, "kactor_actors", &cache), 0.0);
+        assert_eq!(value(&metrics, "kactor_actor_mailbox_depth", &cache), 0.0);
+        for outcome in MessageOutcome::ALL {
+            let labels = [("actor", "cache"), ("result", outcome.as_str())];
+            assert_eq!(value(&metrics, "kactor_actor_messages_total", &labels), 0.0);
+        }
+        metrics.actors_changed("cache", 3);
+        metrics.actors_changed("cache", -1);
+        metrics.mailboxes_changed("cache", 5);
+        metrics.mailboxes_changed("cache", -2);
+        metrics.actor_message("cache", MessageOutcome::Handled, Duration::from_millis(3));
+        metrics.actor_message("cache", MessageOutcome::Panicked, Duration::from_millis(1));
+        metrics.actor_message("cache", MessageOutcome::NotFound, Duration::ZERO);
+        metrics.actors_served("cache");
+        assert_eq!(value(&metrics, "kactor_actors", &cache), 2.0);
+        assert_eq!(value(&metrics, "kactor_actor_mailbox_depth", &cache), 3.0);
+        let handled = [("actor", "cache"), ("result", "handled")];
+        assert_eq!(
+            value(&metrics, "kactor_actor_messages_total", &handled),
+            1.0
+        );
+        let missing = [("actor", "cache"), ("result", "not_found")];
+        assert_eq!(
+            value(&metrics, "kactor_actor_messages_total", &missing),
+            1.0
+        );
+        let histogram = family(&metrics, "kactor_actor_message_duration_seconds");
+        assert_eq!(
+            histogram.get_metric()[0].get_histogram().get_sample_count(),
+            2,
+            "only handled messages have a duration"
+        );
+    }
+
+    #[test]
     fn status_codes_are_written_in_decimal() {
         let mut digits = [0; 5];
         assert_eq!(status_text(200, &mut digits), "200");
@@ -675,6 +768,9 @@ mod tests {
         metrics.timer_lateness(W, "tick", Duration::from_millis(1));
         metrics.leadership("kactor", true);
         metrics.api_request("get", Some(404), Duration::from_millis(1));
+        metrics.actors_changed("cache", 1);
+        metrics.mailboxes_changed("cache", 1);
+        metrics.actor_message("cache", MessageOutcome::Handled, Duration::from_millis(1));
         let text = metrics.render();
         for name in [
             "kactor_events_received_total{",
@@ -692,13 +788,17 @@ mod tests {
             "leader_election_master_status{",
             "kactor_api_requests_total{",
             "kactor_api_request_duration_seconds_bucket{",
+            "kactor_actors{",
+            "kactor_actor_mailbox_depth{",
+            "kactor_actor_messages_total{",
+            "kactor_actor_message_duration_seconds_bucket{",
         ] {
             assert!(text.contains(name), "{name} is missing from:\n{text}");
         }
         #[cfg(target_os = "linux")]
         assert!(text.contains("process_open_fds "), "{text}");
         let allowed = [
-            "resource", "reason", "handler", "result", "name", "verb", "code", "le",
+            "resource", "reason", "handler", "result", "name", "verb", "code", "le", "actor",
         ];
         for family in metrics.registry().gather() {
             for metric in family.get_metric() {

@@ -116,3 +116,40 @@ impl SpawningKind {
         }
     }
 }
+
+/// What became of a message to an object actor, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MessageOutcome {
+    /// The actor handled it.
+    Handled,
+    /// The actor's method panicked while handling it.
+    Panicked,
+    /// No actor of that object runs here (the object does not exist, is not served, or is gone).
+    NotFound,
+    /// The actor's mailbox was full (`try_tell`).
+    Full,
+    /// No reply came within the ask's timeout.
+    Timeout,
+}
+
+impl MessageOutcome {
+    /// Every outcome, in a fixed order.
+    pub const ALL: [MessageOutcome; 5] = [
+        MessageOutcome::Handled,
+        MessageOutcome::Panicked,
+        MessageOutcome::NotFound,
+        MessageOutcome::Full,
+        MessageOutcome::Timeout,
+    ];
+
+    /// The metric label: `handled`, `panicked`, `not_found`, `full`, `timeout`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MessageOutcome::Handled => "handled",
+            MessageOutcome::Panicked => "panicked",
+            MessageOutcome::NotFound => "not_found",
+            MessageOutcome::Full => "full",
+            MessageOutcome::Timeout => "timeout",
+        }
+    }
+}

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+pub use crate::names::MessageOutcome;
 pub use crate::names::Verdict;
 use crate::names::{RestartReason, SpawningKind};
 
@@ -84,6 +85,20 @@ pub trait Observer: Send + Sync + 'static {
     /// An API request answered (`code`: the HTTP status; None: no answer, a transport error) after
     /// `duration` (until the response's headers: a watch counts until its stream opened).
     fn api_request(&self, _verb: &'static str, _code: Option<u16>, _duration: Duration) {}
+
+    /// The operator runs object actors named `actor` (their lifecycle's name): told once per
+    /// supervisor start, so that their series show at 0 from the first scrape.
+    fn actors_served(&self, _actor: &str) {}
+
+    /// An object actor named `actor` started (+1) or stopped (-1).
+    fn actors_changed(&self, _actor: &str, _delta: i64) {}
+
+    /// Messages were queued in (+) or taken out of (-) the mailboxes of the actors named `actor`.
+    fn mailboxes_changed(&self, _actor: &str, _delta: i64) {}
+
+    /// A message to an actor named `actor` came to `outcome`; `duration` is how long its handling
+    /// ran (zero when it was never handled).
+    fn actor_message(&self, _actor: &str, _outcome: MessageOutcome, _duration: Duration) {}
 }
 
 /// The observer that observes nothing.
@@ -147,6 +162,22 @@ impl Observer for Tee {
     }
     fn leadership(&self, name: &str, leading: bool) {
         self.0.iter().for_each(|o| o.leadership(name, leading));
+    }
+    fn actors_served(&self, actor: &str) {
+        self.0.iter().for_each(|o| o.actors_served(actor));
+    }
+    fn actors_changed(&self, actor: &str, delta: i64) {
+        self.0.iter().for_each(|o| o.actors_changed(actor, delta));
+    }
+    fn mailboxes_changed(&self, actor: &str, delta: i64) {
+        self.0
+            .iter()
+            .for_each(|o| o.mailboxes_changed(actor, delta));
+    }
+    fn actor_message(&self, actor: &str, outcome: MessageOutcome, duration: Duration) {
+        self.0
+            .iter()
+            .for_each(|o| o.actor_message(actor, outcome, duration));
     }
     fn api_request(&self, verb: &'static str, code: Option<u16>, duration: Duration) {
         self.0
