@@ -416,6 +416,102 @@ async fn a_restarted_operator_recreates_a_deployment_deleted_while_it_was_down()
     running.stop().await;
 }
 
+/// The example's actor version on the cluster; `check_every` is how often each actor checks drift.
+fn memcached_actor_operator(cluster: &TestCluster, check_every: Duration) -> Operator {
+    memcached::actor::operator(check_every)
+        .expect("the operator's metric registers")
+        .client(cluster.client())
+        .standalone()
+        .settings(|s| {
+            s.watching.reconnect_backoff = Duration::from_millis(10);
+            s.queueing.exit_timeout = Duration::from_millis(500);
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_actor_version_applies_scales_reports_repairs_and_deletes() {
+    use memcached::actor::{MemcachedActor, Report, Request};
+    let cluster = cluster().await;
+    let (memcacheds, deployments) = (&cluster.memcacheds, &cluster.deployments);
+    let operator = memcached_actor_operator(&cluster.cluster, Duration::from_millis(200));
+    let actors = operator.actors::<MemcachedActor>();
+    let running = spawn(operator);
+
+    create(memcacheds, "cache", 2).await;
+    until(deployments, "cache", "the Deployment", |d| {
+        d.and_then(replicas) == Some(2)
+    })
+    .await;
+    assert_eq!(
+        result_of(&cluster, "cache", "memcached/create").await,
+        json!({"deployment": "cache", "replicas": 2})
+    );
+    memcacheds
+        .patch(
+            "cache",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 4}})),
+        )
+        .await
+        .unwrap();
+    until(deployments, "cache", "4 replicas", |d| {
+        d.and_then(replicas) == Some(4)
+    })
+    .await;
+    let report = actors
+        .ask(("default", "cache"), Request::Report)
+        .await
+        .unwrap();
+    assert_eq!(report.replicas, Some(4), "{report:?}");
+
+    // Drift: the Deployment scaled by hand, then deleted; the actor's own checks put it back.
+    deployments
+        .patch(
+            "cache",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 1}})),
+        )
+        .await
+        .unwrap();
+    until(deployments, "cache", "the replicas put back", |d| {
+        d.and_then(replicas) == Some(4)
+    })
+    .await;
+    deployments
+        .delete("cache", &DeleteParams::default())
+        .await
+        .unwrap();
+    until(deployments, "cache", "the Deployment made again", |d| {
+        d.is_some_and(|d| d.metadata.deletion_timestamp.is_none())
+    })
+    .await;
+    let Report {
+        repairs, checks, ..
+    } = actors
+        .ask(("default", "cache"), Request::Report)
+        .await
+        .unwrap();
+    assert!(
+        repairs >= 2 && checks >= repairs,
+        "{repairs} repairs in {checks} checks"
+    );
+    until(memcacheds, "cache", "status.nodes", |m| {
+        m.and_then(|m| m.status.as_ref()).is_some()
+    })
+    .await;
+
+    memcacheds
+        .delete("cache", &DeleteParams::default())
+        .await
+        .unwrap();
+    until(deployments, "cache", "the Deployment to go", |d| {
+        d.is_none()
+    })
+    .await;
+    until(memcacheds, "cache", "the Memcached to go", |m| m.is_none()).await;
+    running.stop().await;
+}
+
 /// The longest the program's demo may take: far more than it needs, even on a loaded machine.
 const DEMO_WAIT: Duration = Duration::from_secs(120);
 

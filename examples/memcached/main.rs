@@ -3,6 +3,7 @@
 //! ```sh
 //! cargo run --example memcached                      # no cluster configured: a demo on the embedded emulator
 //! cargo run --example memcached -- --emulator        # the same, even with a cluster configured
+//! cargo run --example memcached -- --actor           # the same operator written as an actor per Memcached
 //! cargo run --example memcached -- crds | kubectl apply -f -
 //! cargo run --example memcached -- run -A --liveness http://0.0.0.0:8080/healthz   # against the cluster
 //! ```
@@ -23,11 +24,13 @@ use clap::builder::BoolishValueParser;
 use clap::parser::ValueSource;
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
 use k8s_openapi::api::apps::v1::Deployment;
+use kactor::actors::Actors;
 use kactor::cli::RunArgs;
 use kactor::emulator::Emulator;
 use kactor::logging::LogFormat;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::CustomResourceExt;
+use operator::actor::{MemcachedActor, Request};
 use operator::{Memcached, MemcachedSpec};
 
 /// The memcached operator: a `Memcached` (cache.example.com/v1alpha1) gets a Deployment of
@@ -72,8 +75,26 @@ struct Run {
         value_parser = BoolishValueParser::new(),
     )]
     emulator: bool,
+    /// Run the operator written as one actor per Memcached (`actor.rs`) instead of the one written
+    /// as handlers (`operator.rs`): the same behaviour, another way to write it.
+    #[arg(
+        long,
+        env = "MEMCACHED_ACTOR",
+        action = ArgAction::SetTrue,
+        value_parser = BoolishValueParser::new(),
+    )]
+    actor: bool,
     #[command(flatten)]
     args: RunArgs,
+}
+
+/// The operator, written as handlers or as an actor.
+fn build(actor: bool) -> kactor::Result<kactor::Operator> {
+    if actor {
+        operator::actor::operator(std::time::Duration::from_secs(30))
+    } else {
+        operator::operator(operator::drift_check())
+    }
 }
 
 /// The demo's namespace and object.
@@ -114,9 +135,9 @@ async fn main() -> ExitCode {
         } else {
             "no cluster configured: no KUBECONFIG, no ~/.kube/config, not in a pod"
         };
-        on_emulator(run.args, why).await
+        on_emulator(run.args, run.actor, why).await
     } else {
-        on_cluster(run.args).await
+        on_cluster(run.args, run.actor).await
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -130,20 +151,17 @@ async fn main() -> ExitCode {
 
 /// Runs the operator against the configured cluster, as any operator: the CRD must be installed
 /// (`memcached crds | kubectl apply -f -`).
-async fn on_cluster(args: RunArgs) -> anyhow::Result<()> {
+async fn on_cluster(args: RunArgs, actor: bool) -> anyhow::Result<()> {
     if let Some(warning) = args.scope_warning() {
         tracing::warn!("{warning}");
     }
-    operator::operator(operator::drift_check())?
-        .with_args(&args)
-        .run()
-        .await?;
+    build(actor)?.with_args(&args).run().await?;
     Ok(())
 }
 
 /// Starts the emulator, installs the CRD, runs the operator on it, plays the demo, and serves
 /// until Ctrl-C.
-async fn on_emulator(args: RunArgs, why: &str) -> anyhow::Result<()> {
+async fn on_emulator(args: RunArgs, actor: bool, why: &str) -> anyhow::Result<()> {
     let emulator = Emulator::start().await?;
     let kubeconfig = std::env::temp_dir().join(format!(
         "kactor-memcached-{}.kubeconfig",
@@ -173,12 +191,13 @@ async fn on_emulator(args: RunArgs, why: &str) -> anyhow::Result<()> {
     println!();
 
     // The emulator has no other operators to peer with.
-    let operator = operator::operator(operator::drift_check())?
+    let operator = build(actor)?
         .with_args(&args)
         .client(emulator.client())
         .standalone()
         .liveness(&liveness);
-    let demo = tokio::spawn(demo(emulator.client(), kubeconfig.clone()));
+    let actors = actor.then(|| operator.actors::<MemcachedActor>());
+    let demo = tokio::spawn(demo(emulator.client(), kubeconfig.clone(), actors));
     // Until SIGINT (Ctrl-C) or SIGTERM.
     let result = operator.run().await;
     demo.abort();
@@ -190,8 +209,8 @@ async fn on_emulator(args: RunArgs, why: &str) -> anyhow::Result<()> {
 
 /// The demo: what a user would do with kubectl, done through the API, with what the operator did
 /// in response. A failed step ends the demo, not the operator.
-async fn demo(client: kube::Client, kubeconfig: PathBuf) {
-    if let Err(error) = play(&client).await {
+async fn demo(client: kube::Client, kubeconfig: PathBuf, actors: Option<Actors<MemcachedActor>>) {
+    if let Err(error) = play(&client, actors.as_ref()).await {
         println!("The demo stopped: {error:#}");
         return;
     }
@@ -207,7 +226,10 @@ async fn demo(client: kube::Client, kubeconfig: PathBuf) {
     println!("Ctrl-C to stop.");
 }
 
-async fn play(client: &kube::Client) -> anyhow::Result<()> {
+async fn play(
+    client: &kube::Client,
+    actors: Option<&Actors<MemcachedActor>>,
+) -> anyhow::Result<()> {
     let memcacheds: Api<Memcached> = Api::namespaced(client.clone(), NAMESPACE);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
     let object = format!("{NAMESPACE}/{DEMO_NAME}");
@@ -239,6 +261,16 @@ async fn play(client: &kube::Client) -> anyhow::Result<()> {
         .context("cannot change spec.size")?;
     until_replicas(&deployments, Some(5)).await?;
     println!("   Its spec.size handler scaled the Deployment {object} to 5 replicas.");
+    if let Some(actors) = actors {
+        let report = actors
+            .ask((NAMESPACE, DEMO_NAME), Request::Report)
+            .await
+            .context("cannot ask the Memcached's actor")?;
+        println!(
+            "   Asked its actor: it set {:?} replicas, ran {} drift checks.",
+            report.replicas, report.checks
+        );
+    }
 
     println!("3. Deleting the Memcached.");
     memcacheds

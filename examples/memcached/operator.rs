@@ -29,6 +29,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// The same operator written as one actor per `Memcached`.
+#[path = "actor.rs"]
+pub mod actor;
+
 /// The image of the memcached containers, as in the quickstart.
 pub const IMAGE: &str = "memcached:1.6-alpine";
 
@@ -95,31 +99,9 @@ pub fn drift_check() -> Timer {
 /// It fails only if the metric cannot be registered (a name clash on the operator's registry).
 pub fn operator(drift_check: Timer) -> kactor::Result<Operator> {
     let memcacheds = Selector::of::<Memcached>();
-    let operator = Operator::new();
-    // Served at /metrics with kactor's own metrics. Labels name kinds of change, never objects.
-    let changes = IntCounterVec::new(
-        Opts::new(
-            "memcached_deployment_changes_total",
-            "Changes the memcached operator made to Deployments, by kind of change",
-        ),
-        &["change"],
-    )?;
-    operator
-        .metrics()
-        .registry()
-        .register(Box::new(changes.clone()))?;
+    let (operator, changes) = base()?;
     // Each handler owns a handle on the counters (an `Arc` inside: cloning is cheap).
     Ok(operator
-        // `memcached crds` prints it; `rbac generate` reads its scope and status subresource.
-        .crd(Memcached::crd())
-        // What the handlers do with their own client, for `rbac generate`.
-        .permission(
-            "apps",
-            "deployments",
-            &["get", "create", "patch", "delete"],
-            "each Memcached owns a Deployment: created (server-side apply), scaled, checked, deleted",
-        )
-        .permission("", "pods", &["list"], "status.nodes lists the memcached pods")
         .on_create(memcacheds.clone(), "create_deployment", {
             let changes = changes.clone();
             move |ctx: Ctx| ensure_deployment(ctx, changes.clone())
@@ -148,14 +130,56 @@ pub fn operator(drift_check: Timer) -> kactor::Result<Operator> {
             let changes = changes.clone();
             move |ctx: Ctx| delete_deployment(ctx, changes.clone())
         })
-        // Its result is part of what /healthz answers: {"deployment_changes": {"applied": 1, ...}}.
-        .on_probe("deployment_changes", move |_ctx: ActivityCtx| {
-            let counts: BTreeMap<&str, u64> = CHANGES
-                .into_iter()
-                .map(|change| (change, changes.with_label_values(&[change]).get()))
-                .collect();
-            async move { Ok(counts) }
-        }))
+        .on_probe("deployment_changes", probe(changes)))
+}
+
+/// What both ways of writing the operator share: the CRD and the permissions for the manifests,
+/// and the metric of the changes made to Deployments.
+///
+/// It fails only if the metric cannot be registered (a name clash on the operator's registry).
+fn base() -> kactor::Result<(Operator, IntCounterVec)> {
+    let operator = Operator::new();
+    // Served at /metrics with kactor's own metrics. Labels name kinds of change, never objects.
+    let changes = IntCounterVec::new(
+        Opts::new(
+            "memcached_deployment_changes_total",
+            "Changes the memcached operator made to Deployments, by kind of change",
+        ),
+        &["change"],
+    )?;
+    operator
+        .metrics()
+        .registry()
+        .register(Box::new(changes.clone()))?;
+    let operator = operator
+        // `memcached crds` prints it; `rbac generate` reads its scope and status subresource.
+        .crd(Memcached::crd())
+        // What the handlers do with their own client, for `rbac generate`.
+        .permission(
+            "apps",
+            "deployments",
+            &["get", "create", "patch", "delete"],
+            "each Memcached owns a Deployment: created (server-side apply), scaled, checked, deleted",
+        )
+        .permission("", "pods", &["list"], "status.nodes lists the memcached pods");
+    Ok((operator, changes))
+}
+
+/// The probe: its result is part of what /healthz answers:
+/// `{"deployment_changes": {"applied": 1, ...}}`.
+fn probe(
+    changes: IntCounterVec,
+) -> impl Fn(ActivityCtx) -> std::future::Ready<Result<BTreeMap<&'static str, u64>, HandlerError>>
+       + Send
+       + Sync
+       + 'static {
+    move |_ctx: ActivityCtx| {
+        let counts = CHANGES
+            .into_iter()
+            .map(|change| (change, changes.with_label_values(&[change]).get()))
+            .collect();
+        std::future::ready(Ok(counts))
+    }
 }
 
 /// The kinds of change counted in `memcached_deployment_changes_total{change}`.
@@ -167,7 +191,7 @@ const CHANGES: [&str; 4] = ["applied", "scaled", "repaired", "deleted"];
 /// Deployment that exists already, is no error (no 409 to handle).
 async fn ensure_deployment(ctx: Ctx, changes: IntCounterVec) -> Result<Value, HandlerError> {
     let memcached = memcached_of(&ctx)?;
-    let deployment = apply_deployment(&ctx, &memcached).await?;
+    let deployment = apply_deployment(ctx.client(), &memcached).await?;
     changes.with_label_values(&["applied"]).inc();
     let message = format!(
         "Deployment {} has {} replicas of {IMAGE}.",
@@ -187,7 +211,7 @@ async fn ensure_deployment(ctx: Ctx, changes: IntCounterVec) -> Result<Value, Ha
 async fn scale(ctx: Ctx, changes: IntCounterVec) -> Result<Value, HandlerError> {
     let memcached = memcached_of(&ctx)?;
     let size = memcached.spec.size;
-    let deployments = deployments_of(&ctx, &memcached);
+    let deployments = deployments_of(ctx.client(), &memcached);
     // A merge patch changes only what it names: the rest of the Deployment stays as it is.
     let patch = json!({"spec": {"replicas": size}});
     match deployments
@@ -201,7 +225,7 @@ async fn scale(ctx: Ctx, changes: IntCounterVec) -> Result<Value, HandlerError> 
         Ok(_) => {}
         // Someone deleted it: make it again, at the new size.
         Err(kube::Error::Api(status)) if status.is_not_found() => {
-            apply_deployment(&ctx, &memcached).await?;
+            apply_deployment(ctx.client(), &memcached).await?;
         }
         Err(error) => return Err(retry("cannot scale the Deployment", error)),
     }
@@ -222,7 +246,7 @@ async fn delete_deployment(ctx: Ctx, changes: IntCounterVec) -> Result<(), Handl
     let memcached = memcached_of(&ctx)?;
     let name = memcached.name_any();
     // Background: the Deployment goes now, its ReplicaSets and pods right after.
-    match deployments_of(&ctx, &memcached)
+    match deployments_of(ctx.client(), &memcached)
         .delete(&name, &DeleteParams::background())
         .await
     {
@@ -253,7 +277,7 @@ async fn check_drift(ctx: Ctx, changes: IntCounterVec) -> Result<(), HandlerErro
     let memcached = memcached_of(&ctx)?;
     let name = memcached.name_any();
     let size = memcached.spec.size;
-    let deployments = deployments_of(&ctx, &memcached);
+    let deployments = deployments_of(ctx.client(), &memcached);
     let current = deployments
         .get_opt(&name)
         .await
@@ -266,7 +290,7 @@ async fn check_drift(ctx: Ctx, changes: IntCounterVec) -> Result<(), HandlerErro
             ctx.logger().warn(format!(
                 "Drift: the Deployment {name} is missing; recreating it."
             ));
-            apply_deployment(&ctx, &memcached).await?;
+            apply_deployment(ctx.client(), &memcached).await?;
             changes.with_label_values(&["repaired"]).inc();
         }
         Some(replicas) if replicas != size => {
@@ -282,14 +306,7 @@ async fn check_drift(ctx: Ctx, changes: IntCounterVec) -> Result<(), HandlerErro
         }
         Some(_) => {}
     }
-    // The pods are the Deployment's (through its ReplicaSet), found by their label.
-    let pods: Api<Pod> = Api::namespaced(ctx.client(), &namespace_of(&memcached));
-    let listed = pods
-        .list(&ListParams::default().labels(&format!("{CR_LABEL}={name}")))
-        .await
-        .map_err(|error| retry("cannot list the pods", error))?;
-    let mut nodes: Vec<String> = listed.items.iter().map(|pod| pod.name_any()).collect();
-    nodes.sort();
+    let nodes = nodes_of(ctx.client(), &memcached).await?;
     if memcached.status.map(|s| s.nodes) != Some(nodes.clone()) {
         // Sent by kactor after the call, to the status subresource.
         ctx.patch().status("nodes", json!(nodes));
@@ -297,12 +314,31 @@ async fn check_drift(ctx: Ctx, changes: IntCounterVec) -> Result<(), HandlerErro
     Ok(())
 }
 
+/// The names of the `Memcached`'s pods, sorted: the Deployment's (through its ReplicaSet), found
+/// by their label.
+async fn nodes_of(
+    client: kube::Client,
+    memcached: &Memcached,
+) -> Result<Vec<String>, HandlerError> {
+    let pods: Api<Pod> = Api::namespaced(client, &namespace_of(memcached));
+    let listed = pods
+        .list(&ListParams::default().labels(&format!("{CR_LABEL}={}", memcached.name_any())))
+        .await
+        .map_err(|error| retry("cannot list the pods", error))?;
+    let mut nodes: Vec<String> = listed.items.iter().map(|pod| pod.name_any()).collect();
+    nodes.sort();
+    Ok(nodes)
+}
+
 /// Applies the Deployment for this `Memcached` (creates it, or makes it match).
-async fn apply_deployment(ctx: &Ctx, memcached: &Memcached) -> Result<Deployment, HandlerError> {
+async fn apply_deployment(
+    client: kube::Client,
+    memcached: &Memcached,
+) -> Result<Deployment, HandlerError> {
     let deployment = desired_deployment(memcached)?;
     // `force`: this operator owns these fields, even if someone else changed them since.
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    deployments_of(ctx, memcached)
+    deployments_of(client, memcached)
         .patch(&memcached.name_any(), &params, &Patch::Apply(&deployment))
         .await
         .map_err(|error| retry("cannot apply the Deployment", error))
@@ -378,8 +414,8 @@ fn memcached_of(ctx: &Ctx) -> Result<Memcached, HandlerError> {
 }
 
 /// The Deployments of the `Memcached`'s namespace.
-fn deployments_of(ctx: &Ctx, memcached: &Memcached) -> Api<Deployment> {
-    Api::namespaced(ctx.client(), &namespace_of(memcached))
+fn deployments_of(client: kube::Client, memcached: &Memcached) -> Api<Deployment> {
+    Api::namespaced(client, &namespace_of(memcached))
 }
 
 /// A namespaced object read from the API server always has its namespace.
