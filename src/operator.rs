@@ -815,8 +815,21 @@ impl Operator {
     }
 
     /// What `rbac generate`, `rbac verify` and `crds` read from this operator.
+    /// Every resource the operator serves: those its handlers name, and those of its object
+    /// actors (an actor with no lifecycle method has no handler, and is served all the same).
+    pub(crate) fn selectors(&self) -> Vec<Selector> {
+        let mut selectors = self.registry.selectors();
+        for (selector, _) in &self.hosts {
+            if !selectors.contains(selector) {
+                selectors.push(selector.clone());
+            }
+        }
+        selectors
+    }
+
     pub(crate) fn blueprint(&self) -> Blueprint<'_> {
         Blueprint {
+            selectors: self.selectors(),
             registry: &self.registry,
             peering: &self.peering,
             leader_election: self.leader_election.as_ref(),
@@ -829,6 +842,8 @@ impl Operator {
 
 /// What an operator's RBAC derives from, borrowed from it (see [`Operator`]'s `blueprint`).
 pub(crate) struct Blueprint<'a> {
+    /// Every resource served ([`Operator::selectors`]).
+    pub(crate) selectors: Vec<Selector>,
     pub(crate) registry: &'a Registry,
     pub(crate) peering: &'a PeeringSettings,
     pub(crate) leader_election: Option<&'a LeaseSettings>,

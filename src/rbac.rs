@@ -478,8 +478,8 @@ struct Handled {
 async fn resolve(blueprint: &Blueprint<'_>) -> Result<Vec<Handled>> {
     let mut handled: Vec<Handled> = Vec::new();
     let mut served: Option<Vec<kactor_reactor::resources::Resource>> = None;
-    for selector in blueprint.registry.selectors() {
-        let handlers = blueprint.registry.handlers_for(&selector);
+    for selector in &blueprint.selectors {
+        let handlers = blueprint.registry.handlers_for(selector);
         let ids: Vec<String> = handlers
             .event
             .iter()

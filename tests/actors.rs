@@ -830,3 +830,39 @@ async fn scheduled_messages_arrive_later_and_die_with_their_actor() {
     assert!(matches!(error, ActorError::Stopped { .. }), "{error}");
     running.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_actor_without_lifecycle_methods_is_made_for_every_object_and_writes_nothing() {
+    use kactor::actors::Method;
+    let world = World::new().await;
+    world.create("quiet", 4).await;
+    let operator = world.operator(
+        ActorOptions::new("cache")
+            .without(Method::Create)
+            .without(Method::Update),
+    );
+    let caches = operator.actors::<Cache>();
+    let running = spawn(operator);
+    assert_eq!(
+        ask(&caches, "quiet", || Msg::Birth).await,
+        Reply::Birth(1, 4)
+    );
+    world.resize("quiet", 5).await;
+    world.create("later", 1).await;
+    assert_eq!(
+        ask(&caches, "later", || Msg::Birth).await,
+        Reply::Birth(2, 1)
+    );
+    let object = world.widgets.get("quiet").await.unwrap();
+    assert!(
+        object.metadata.annotations.unwrap_or_default().is_empty()
+            && object.metadata.finalizers.unwrap_or_default().is_empty()
+            && status(&world.widgets.get("quiet").await.unwrap()).is_null(),
+        "an actor with no lifecycle method leaves objects as they are"
+    );
+    assert_eq!(
+        ask(&caches, "quiet", || Msg::Handled).await,
+        Reply::Handled(vec!["started".into()])
+    );
+    running.stop().await;
+}

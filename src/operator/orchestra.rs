@@ -66,7 +66,7 @@ impl Orchestra {
     ) -> Result<Self> {
         let resources = discovery::scan(&client).await?;
         let mut targets = Vec::new();
-        for selector in operator.registry.selectors() {
+        for selector in operator.selectors() {
             let resolved = match selector.resolve(&resources) {
                 Ok(resource) => Some(Arc::new(resource.clone())),
                 Err(ResolveError::NotFound { .. }) if selector.exact => {
