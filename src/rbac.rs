@@ -487,11 +487,11 @@ async fn resolve(blueprint: &Blueprint<'_>) -> Result<Vec<Handled>> {
             .chain(handlers.changing.iter().map(|h| h.id.clone()))
             .chain(handlers.spawning.iter().map(|h| h.id.clone()))
             .collect();
-        let resource = match offline(&selector, blueprint.crds) {
+        let resource = match offline(selector, blueprint.crds) {
             Some(resource) => resource,
             None => {
                 if served.is_none() {
-                    served = Some(discover(blueprint, &selector).await?);
+                    served = Some(discover(blueprint, selector).await?);
                 }
                 let resources = served.as_deref().unwrap_or_default();
                 let resource =
