@@ -107,3 +107,13 @@ pub fn requests_now() -> Requests {
 pub fn open_files() -> usize {
     std::fs::read_dir("/proc/self/fd").map_or(0, |dir| dir.count())
 }
+
+/// This process's resident set size, in bytes (`VmRSS` of `/proc/self/status`; 0 elsewhere).
+pub fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
