@@ -12,11 +12,12 @@
 //! latency (p50, p99), beside the floor: the same round trips through a bare tokio channel and
 //! oneshot to one task per object, without kactor's table, handles and metrics.
 //!
-//! **Memory**: two processes (this program run again), each with the emulator holding the same M
+//! **Memory**: three processes (this program run again), each with the emulator holding the same M
 //! widgets and an operator watching them with a no-op `on_event` handler, its workers idled away;
-//! one also has an actor per object. Each prints its resident set (RSS, what the user pays for) and
-//! its live heap (a counting allocator) once quiet; the difference per object is what an idle actor
-//! costs.
+//! one also has an actor per object, one a bare tokio task per object awaiting a bounded channel
+//! (the floor: what an actor is made of). Each prints its resident set (RSS, what the user pays for) and
+//! its live heap (a counting allocator) once quiet, the smaller of two runs; the difference per
+//! object is what an idle actor costs.
 //!
 //! Aims: over 100,000 asks per second; an idle actor's cost small beside the object it serves.
 
@@ -104,7 +105,12 @@ fn operator(emulator: &Emulator) -> Operator {
 }
 
 /// Runs `operator` until the returned sender is dropped or fired.
-fn run(operator: Operator) -> (oneshot::Sender<()>, tokio::task::JoinHandle<kactor::Result<()>>) {
+fn run(
+    operator: Operator,
+) -> (
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<kactor::Result<()>>,
+) {
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(operator.run_until(async {
         let _ = stopped.await;
@@ -269,8 +275,17 @@ async fn asks(objects: usize, window: Duration) {
     task.await.unwrap().unwrap();
 }
 
+/// What a memory contender runs beside the watched objects.
+#[derive(Clone, Copy, PartialEq)]
+enum Beside {
+    Nothing,
+    Actors,
+    /// A bare tokio task per object awaiting a bounded channel (what an actor is made of).
+    Tasks,
+}
+
 /// One memory contender, in a process of its own: prints `RESULT <rss> <heap>` once quiet.
-async fn memory_contender(objects: usize, with_actors: bool) {
+async fn memory_contender(objects: usize, beside: Beside) {
     let emulator = emulator_with(objects).await;
     let seen = Arc::new(AtomicUsize::new(0));
     let mut operator = operator(&emulator).on_event(RESOURCE, "count", {
@@ -281,12 +296,25 @@ async fn memory_contender(objects: usize, with_actors: bool) {
         }
     });
     let mut actors = None;
-    if with_actors {
-        operator = operator.actor(RESOURCE, options(), |_: &DynamicObject| Counter { count: 0 });
+    let mut tasks = Vec::new();
+    if beside == Beside::Tasks {
+        for _ in 0..objects {
+            let (sender, mut inbox) = mpsc::channel::<((), Option<oneshot::Sender<u64>>)>(256);
+            tokio::spawn(async move { while inbox.recv().await.is_some() {} });
+            tasks.push(sender);
+        }
+    }
+    if beside == Beside::Actors {
+        operator = operator.actor(RESOURCE, options(), |_: &DynamicObject| Counter {
+            count: 0,
+        });
         actors = Some(operator.actors::<Counter>());
     }
     let (stop, task) = run(operator);
-    until("every object listed", || seen.load(Ordering::Relaxed) >= objects).await;
+    until("every object listed", || {
+        seen.load(Ordering::Relaxed) >= objects
+    })
+    .await;
     if let Some(actors) = &actors {
         until("every actor", || actors.len() == objects).await;
         // Every actor has run (its `started`) and waits on its mailbox.
@@ -299,17 +327,20 @@ async fn memory_contender(objects: usize, with_actors: bool) {
     }
     // The workers idle away (after a second without events), and the allocator settles.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    println!(
-        "RESULT {} {}",
-        support::rss_bytes(),
-        support::live_bytes()
-    );
+    println!("RESULT {} {}", support::rss_bytes(), support::live_bytes());
     let _ = stop.send(());
     task.await.unwrap().unwrap();
 }
 
-/// Runs this program again as a memory contender; its RSS and heap.
+/// Runs this program again as a memory contender, twice (a process's RSS varies from run to run by
+/// how its allocator's arenas fall): the smaller RSS and heap.
 fn contender(role: &str, objects: usize) -> (u64, u64) {
+    let (a, b) = (contender_once(role, objects), contender_once(role, objects));
+    (a.0.min(b.0), a.1.min(b.1))
+}
+
+/// Runs this program again as a memory contender; its RSS and heap.
+fn contender_once(role: &str, objects: usize) -> (u64, u64) {
     let output = std::process::Command::new(std::env::current_exe().unwrap())
         .env(ROLE, role)
         .env("KACTOR_BENCH_IDLE_OBJECTS", objects.to_string())
@@ -334,11 +365,9 @@ fn memory(objects: usize) {
     println!("memory: {objects} idle objects, each contender in a process of its own");
     let (base_rss, base_heap) = contender("baseline", objects);
     let (rss, heap) = contender("actors", objects);
+    let (tasks_rss, tasks_heap) = contender("tasks", objects);
     let per = |with: u64, without: u64| (with as f64 - without as f64) / objects as f64;
-    println!(
-        "  {:<44} {:>10} {:>10}",
-        "contender", "RSS MiB", "heap MiB"
-    );
+    println!("  {:<44} {:>10} {:>10}", "contender", "RSS MiB", "heap MiB");
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
     println!(
         "  {:<44} {:>10.1} {:>10.1}",
@@ -353,10 +382,18 @@ fn memory(objects: usize) {
         mib(heap)
     );
     println!(
+        "  {:<44} {:>10.1} {:>10.1}",
+        "the same, with a bare tokio task and channel",
+        mib(tasks_rss),
+        mib(tasks_heap)
+    );
+    println!(
         "  an idle actor costs {:.0} B of RSS and {:.0} B of heap per object (the emulator's objects \
-         are in both)",
+         are in all three); a bare tokio task awaiting a bounded channel, {:.0} B and {:.0} B",
         per(rss, base_rss),
-        per(heap, base_heap)
+        per(heap, base_heap),
+        per(tasks_rss, base_rss),
+        per(tasks_heap, base_heap)
     );
 }
 
@@ -367,7 +404,12 @@ fn main() {
         .unwrap();
     if let Ok(role) = std::env::var(ROLE) {
         let objects = env_or("KACTOR_BENCH_IDLE_OBJECTS", 1_000);
-        runtime.block_on(memory_contender(objects, role == "actors"));
+        let beside = match role.as_str() {
+            "actors" => Beside::Actors,
+            "tasks" => Beside::Tasks,
+            _ => Beside::Nothing,
+        };
+        runtime.block_on(memory_contender(objects, beside));
         return;
     }
     // `cargo bench` passes --bench; `cargo test --all-targets` does not, and then a small run proves

@@ -471,7 +471,7 @@ type Factory<A> = dyn Fn(&<A as ObjectActor>::Resource) -> A + Send + Sync;
 struct Shared<A: ObjectActor> {
     options: ActorOptions,
     factory: Box<Factory<A>>,
-    table: Mutex<HashMap<ObjectKey, Entry<A>>>,
+    table: Mutex<HashMap<Arc<ObjectKey>, Entry<A>>>,
     env: OnceLock<ActorEnv>,
 }
 
@@ -589,7 +589,7 @@ impl<A: ObjectActor> Actors<A> {
 
     /// The objects that have an actor now.
     pub fn keys(&self) -> Vec<ObjectKey> {
-        let mut keys: Vec<ObjectKey> = self.0.table().keys().cloned().collect();
+        let mut keys: Vec<ObjectKey> = self.0.table().keys().map(|k| (**k).clone()).collect();
         keys.sort();
         keys
     }
@@ -597,15 +597,15 @@ impl<A: ObjectActor> Actors<A> {
     /// The handle of `object`'s actor.
     pub fn get(&self, object: impl Into<ObjectKey>) -> Result<ActorRef<A>, ActorError> {
         let key = object.into();
-        let mailbox = self
+        let found = self
             .0
             .table()
-            .get(&key)
-            .filter(|entry| !entry.mailbox.is_closed())
-            .map(|entry| entry.mailbox.clone());
-        match mailbox {
-            Some(mailbox) => Ok(ActorRef {
-                key: Arc::new(key),
+            .get_key_value(&key)
+            .filter(|(_, entry)| !entry.mailbox.is_closed())
+            .map(|(key, entry)| (key.clone(), entry.mailbox.clone()));
+        match found {
+            Some((key, mailbox)) => Ok(ActorRef {
+                key,
                 mailbox,
                 shared: self.0.clone(),
             }),
@@ -784,7 +784,7 @@ impl<A: ObjectActor> ActorRef<A> {
 }
 
 impl<A: ObjectActor> Shared<A> {
-    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, Entry<A>>> {
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<ObjectKey>, Entry<A>>> {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -812,18 +812,19 @@ impl<A: ObjectActor> Shared<A> {
         let env = self.env()?;
         let uid = body.metadata.uid.as_deref();
         let mut table = self.table();
-        if let Some(entry) = table.get(&key) {
+        if let Some((key, entry)) = table.get_key_value(&key) {
             if entry.uid.as_deref() == uid && !entry.mailbox.is_closed() {
                 return Some(ActorRef {
-                    key: Arc::new(key),
+                    key: key.clone(),
                     mailbox: entry.mailbox.clone(),
                     shared: self.clone(),
                 });
             }
         }
+        let key = Arc::new(key);
         let (mailbox, inbox) = mpsc::channel(self.options.mailbox);
         let me = ActorRef {
-            key: Arc::new(key.clone()),
+            key: key.clone(),
             mailbox: mailbox.clone(),
             shared: self.clone(),
         };
@@ -902,7 +903,10 @@ async fn run<A: ObjectActor>(
 ) {
     let shared = me.shared.clone();
     let name = shared.options.name.clone();
-    let mut actor = match make(&shared, &body) {
+    let made = make(&shared, &body);
+    // Not kept for the actor's life: the state machine of this task would hold the whole object.
+    drop(body);
+    let mut actor = match made {
         Ok(actor) => actor,
         Err(why) => {
             tracing::error!(actor = %name, object = %me.key, "the actor cannot be made: {why}");
@@ -936,16 +940,9 @@ async fn run<A: ObjectActor>(
         shared.queued(-1);
         match envelope {
             Envelope::Call(call) => {
-                let Call { method, ctx, reply } = *call;
-                let ctx = ActorCtx {
-                    ctx,
-                    me: me.clone(),
-                };
-                let result = AssertUnwindSafe(lifecycle(&mut actor, method, &ctx))
-                    .catch_unwind()
-                    .await
-                    .unwrap_or_else(|panic| Err(HandlerError::Panicked(panic_message(&panic))));
-                let _ = reply.send(result);
+                // Boxed: the task's state machine would otherwise keep room for the largest
+                // lifecycle future and its context, for the actor's whole life.
+                Box::pin(answer(&mut actor, *call, &me)).await;
             }
             Envelope::Tell(message) => {
                 let started = Instant::now();
@@ -994,6 +991,20 @@ async fn run<A: ObjectActor>(
     }
     observer.actors_changed(&name, -1);
     tracing::debug!(actor = %name, object = %me.key, reason = reason.as_str(), "the actor stopped");
+}
+
+/// Runs one lifecycle call and sends its result back; a panic is the call's error.
+async fn answer<A: ObjectActor>(actor: &mut A, call: Call, me: &ActorRef<A>) {
+    let Call { method, ctx, reply } = call;
+    let ctx = ActorCtx {
+        ctx,
+        me: me.clone(),
+    };
+    let result = AssertUnwindSafe(lifecycle(actor, method, &ctx))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|panic| Err(HandlerError::Panicked(panic_message(&panic))));
+    let _ = reply.send(result);
 }
 
 /// The actor, from the factory: the object read as the actor's resource, and a panic caught.
