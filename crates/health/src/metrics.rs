@@ -30,6 +30,12 @@ const LATENESS_BUCKETS: [f64; 13] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
+/// From 10 µs (a message that updates a counter) to 10 s (one that calls out and waits).
+const MESSAGE_BUCKETS: [f64; 19] = [
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
 /// From 5 ms (a cached answer nearby) to a minute (a slow list of a large collection).
 const API_BUCKETS: [f64; 12] = [
     0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0,
@@ -207,7 +213,7 @@ impl Metrics {
                 "kactor_actor_message_duration_seconds",
                 "How long object actors took to handle a message.",
                 &["actor"],
-                &HANDLER_BUCKETS,
+                &MESSAGE_BUCKETS,
             )?,
             registry,
         };
