@@ -805,21 +805,23 @@ impl<A: ObjectActor> Shared<A> {
         }
     }
 
-    /// The mailbox of `body`'s actor: the running one, or a new one made from `body` when there is
-    /// none, it is of an earlier object of the same name, or its factory failed.
-    fn ensure(self: &Arc<Self>, body: &Arc<DynamicObject>) -> Option<ActorRef<A>> {
+    /// The mailbox of `body`'s actor: the running one, or a new one made from `body` when it is of
+    /// an earlier object of the same name, its factory failed, or (`anew`) there is none.
+    fn ensure(self: &Arc<Self>, body: &Arc<DynamicObject>, anew: bool) -> Option<ActorRef<A>> {
         let key = ObjectKey::of(body)?;
         let env = self.env()?;
         let uid = body.metadata.uid.as_deref();
         let mut table = self.table();
-        if let Some((key, entry)) = table.get_key_value(&key) {
-            if entry.uid.as_deref() == uid && !entry.mailbox.is_closed() {
+        match table.get_key_value(&key) {
+            Some((key, entry)) if entry.uid.as_deref() == uid && !entry.mailbox.is_closed() => {
                 return Some(ActorRef {
                     key: key.clone(),
                     mailbox: entry.mailbox.clone(),
                     shared: self.clone(),
                 });
             }
+            None if !anew => return None,
+            _ => {}
         }
         let key = Arc::new(key);
         let (mailbox, inbox) = mpsc::channel(self.options.mailbox);
@@ -862,12 +864,17 @@ impl<A: ObjectActor> Shared<A> {
     /// A lifecycle method's handler: the call through the mailbox, and its result.
     async fn call(self: Arc<Self>, method: Method, ctx: Ctx) -> Result<Value, HandlerError> {
         let body = ctx.body.clone();
-        let Some(me) = self.ensure(&body) else {
-            return Err(HandlerError::msg(format!(
-                "the {} actor cannot be made for an object without a name, or before the \
-                 operator runs",
-                self.options.name
-            )));
+        // Only the supervisor makes an actor for an object it has none for: a call that finds none
+        // comes from a cycle that outlived its actor (a pause, an exit), and is tried again later.
+        let Some(me) = self.ensure(&body, false) else {
+            return Err(HandlerError::temporary(
+                format!(
+                    "the {} actor of {} is not running (the operator is pausing or exiting)",
+                    self.options.name,
+                    ObjectKey::of(&body).map_or_else(String::new, |key| key.to_string())
+                ),
+                Duration::from_secs(1),
+            ));
         };
         let (reply, answer) = oneshot::channel();
         self.queued(1);
@@ -1065,7 +1072,7 @@ impl<A: ObjectActor> ObjectHost for Actors<A> {
     }
 
     fn seen(&self, body: &Arc<DynamicObject>) {
-        self.0.ensure(body);
+        self.0.ensure(body, true);
     }
 
     fn gone(&self, key: &ObjectKey, uid: Option<&str>, reason: StopReason) {

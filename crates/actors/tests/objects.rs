@@ -142,6 +142,17 @@ impl Bench {
         )
     }
 
+    /// Sees the object, as its supervisor does before dispatching an event, and calls the
+    /// lifecycle method's handler, as the processing cycle then does.
+    fn seen_and_call(
+        &self,
+        method: Method,
+        body: Arc<DynamicObject>,
+    ) -> futures::future::BoxFuture<'static, Result<Value, HandlerError>> {
+        self.actors.seen(&body);
+        self.call(method, body)
+    }
+
     /// Calls the lifecycle method's handler as a processing cycle would.
     fn call(
         &self,
@@ -238,9 +249,21 @@ async fn an_object_the_factory_cannot_take_gets_no_actor_and_a_clear_error_until
     let bench = Bench::new(ActorOptions::new("probe")).await;
     let key = ObjectKey::namespaced("default", "w");
 
+    // Not seen (yet, or any more: a pause, an exit): a temporary error, retried later.
+    let error = bench
+        .call(Method::Create, Bench::body("w", "u1", 1))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "the probe actor of default/w is not running (the operator is pausing or exiting) \
+         (temporary; retry in 1s)"
+    );
+    assert_eq!(bench.made.load(Ordering::SeqCst), 0);
+
     // The factory panics.
     let error = bench
-        .call(Method::Create, Bench::body("w", "u1", -1))
+        .seen_and_call(Method::Create, Bench::body("w", "u1", -1))
         .await
         .unwrap_err();
     assert_eq!(
@@ -258,7 +281,7 @@ async fn an_object_the_factory_cannot_take_gets_no_actor_and_a_clear_error_until
     let mut garbage = (*Bench::body("w", "u1", 1)).clone();
     garbage.data["spec"] = json!({"size": "large"});
     let error = bench
-        .call(Method::Create, Arc::new(garbage))
+        .seen_and_call(Method::Create, Arc::new(garbage))
         .await
         .unwrap_err();
     assert!(
@@ -272,7 +295,7 @@ async fn an_object_the_factory_cannot_take_gets_no_actor_and_a_clear_error_until
     let made = bench.made.load(Ordering::SeqCst);
     assert_eq!(
         bench
-            .call(Method::Create, Bench::body("w", "u1", 3))
+            .seen_and_call(Method::Create, Bench::body("w", "u1", 3))
             .await
             .unwrap(),
         json!({"size": 3})
