@@ -1,7 +1,9 @@
 //! The layers hold: no module of any crate of the workspace depends, through others, on itself.
 //!
 //! A module's dependencies are the `crate::<module>` paths in its code (comments and its test module
-//! left out); a cycle among them is printed with its members.
+//! left out); a cycle among them is printed with its members. A folder of modules counts as one
+//! module at its crate's top level (a layer, as the reactor's `structs/` ... `actions/`), and its own
+//! modules are checked among themselves (`crate::<folder>::<module>` and `super::<module>`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -21,36 +23,49 @@ fn crates() -> Vec<PathBuf> {
     folders
 }
 
-/// Each top-level module of a crate (`name.rs`, or `name/` with its files) and the modules of the
-/// same crate its code names.
-fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+/// Each module of a folder (`name.rs`, or `name/` with its files) and the modules of the same
+/// folder its code names: by `path` (`crate::` for a crate's top level, `crate::structs::` for the
+/// folder `structs/`), or by `super::` from inside the folder.
+fn graph(folder: &Path, path: &str) -> BTreeMap<String, BTreeSet<String>> {
     let mut texts: BTreeMap<String, String> = BTreeMap::new();
-    for entry in std::fs::read_dir(src).expect("a source folder").flatten() {
-        let path = entry.path();
-        let name = path
+    for entry in std::fs::read_dir(folder)
+        .expect("a source folder")
+        .flatten()
+    {
+        let file = entry.path();
+        let name = file
             .file_stem()
             .map(|s| s.to_string_lossy().to_string())
             .unwrap_or_default();
-        if name == "lib" || name == "main" {
+        if name == "lib" || name == "main" || name == "mod" {
             continue;
         }
         let text = texts.entry(name).or_default();
-        if path.is_dir() {
-            for file in walk(&path) {
+        if file.is_dir() {
+            for file in walk(&file) {
                 text.push_str(&code_of(&file));
             }
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            text.push_str(&code_of(&path));
+        } else if file.extension().is_some_and(|e| e == "rs") {
+            text.push_str(&code_of(&file));
         }
     }
     let names: BTreeSet<String> = texts.keys().cloned().collect();
+    let prefixes: Vec<&str> = if path == "crate::" {
+        vec![path]
+    } else {
+        vec![path, "super::"]
+    };
     texts
         .iter()
         .map(|(module, text)| {
-            let uses = text
-                .match_indices("crate::")
-                .filter_map(|(at, _)| {
-                    let rest = &text[at + "crate::".len()..];
+            let uses = prefixes
+                .iter()
+                .flat_map(|prefix| {
+                    text.match_indices(prefix)
+                        .map(move |(at, _)| at + prefix.len())
+                })
+                .filter_map(|at| {
+                    let rest = &text[at..];
                     let end = rest
                         .find(|c: char| !(c.is_alphanumeric() || c == '_'))
                         .unwrap_or(rest.len());
@@ -61,6 +76,28 @@ fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
             (module.clone(), uses)
         })
         .collect()
+}
+
+/// Every folder of modules in a crate's source folder, with the path its modules are named by.
+fn folders(src: &Path) -> Vec<(PathBuf, String)> {
+    let mut found = vec![(src.to_path_buf(), "crate::".to_string())];
+    let mut at = 0;
+    while at < found.len() {
+        let (folder, path) = found[at].clone();
+        for entry in std::fs::read_dir(&folder).into_iter().flatten().flatten() {
+            let sub = entry.path();
+            if sub.is_dir() {
+                let name = sub
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .to_string();
+                found.push((sub, format!("{path}{name}::")));
+            }
+        }
+        at += 1;
+    }
+    found
 }
 
 fn walk(folder: &Path) -> Vec<PathBuf> {
@@ -149,8 +186,12 @@ fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
 fn no_crate_has_an_import_cycle_among_its_modules() {
     let mut found = Vec::new();
     for src in crates() {
-        for cycle in cycles(&graph(&src)) {
-            found.push(format!("{}: {}", src.display(), cycle.join(", ")));
+        // The crate's top level (a folder of modules counts as one: a layer), then each folder's
+        // own modules.
+        for (folder, path) in folders(&src) {
+            for cycle in cycles(&graph(&folder, &path)) {
+                found.push(format!("{}: {}", folder.display(), cycle.join(", ")));
+            }
         }
     }
     assert!(found.is_empty(), "import cycles:\n{}", found.join("\n"));

@@ -7,31 +7,20 @@
 //!
 //! Start with [`watching::Watcher`] and [`handlers::Registry`].
 
-pub mod api;
-pub mod causes;
-pub mod context;
-pub mod daemons;
-pub mod diffbase;
-pub mod diffs;
-pub mod discovery;
-pub mod execution;
-pub mod filters;
-pub mod finalizers;
-pub mod handlers;
-pub mod keys;
-pub mod lifecycles;
-pub mod logging;
-pub mod metered;
-pub mod names;
-pub mod namespaces;
-pub mod observe;
-pub mod patches;
-pub mod pausing;
-pub mod posting;
-pub mod processing;
-pub mod progress;
-pub mod progression;
-pub mod resources;
-pub mod settings;
-pub mod stopping;
-pub mod watching;
+// The layers, from the bottom up: a layer's modules use those of the layers below it and of their
+// own, never those above (`tests/layers.rs` at the workspace's root checks it).
+pub mod actions;
+pub mod clients;
+pub mod intents;
+pub mod storage;
+pub mod structs;
+
+// Each module by its own name too, as the other crates name them.
+pub use actions::{execution, processing};
+pub use clients::{api, discovery, metered, observe, patches, posting, watching};
+pub use intents::{context, daemons, filters, handlers};
+pub use storage::{diffbase, progress, progression};
+pub use structs::{
+    causes, diffs, finalizers, keys, lifecycles, logging, names, namespaces, pausing, resources,
+    settings, stopping,
+};

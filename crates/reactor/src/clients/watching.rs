@@ -31,10 +31,10 @@ use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use kube::api::{Api, DynamicObject, ListParams, WatchEvent, WatchParams};
 
-pub use crate::names::{EventType, RestartReason};
-pub use crate::observe::WatchStatus;
-use crate::observe::{NoObserver, Observer};
-use crate::settings::{Networking, Watching};
+pub use crate::clients::observe::WatchStatus;
+use crate::clients::observe::{NoObserver, Observer};
+pub use crate::structs::names::{EventType, RestartReason};
+use crate::structs::settings::{Networking, Watching};
 
 /// One thing a watcher delivers.
 #[derive(Debug, Clone)]
@@ -380,7 +380,7 @@ impl Watcher {
             .or(backoffs.last())
             .copied()
             .unwrap_or(Duration::from_secs(1));
-        if let Some(wait) = crate::api::retry_after(&error) {
+        if let Some(wait) = crate::clients::api::retry_after(&error) {
             delay = delay.max(wait);
         }
         self.failures += 1;

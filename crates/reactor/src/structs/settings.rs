@@ -20,7 +20,7 @@ pub struct Settings {
     /// Where handling state is kept on objects.
     pub persistence: Persistence,
     /// Kubernetes Events about objects.
-    pub posting: crate::posting::PostingSettings,
+    pub posting: PostingSettings,
     /// What `/healthz` counts as unhealthy, and how probes and metrics are served (kactor).
     pub health: Health,
 }
@@ -108,7 +108,7 @@ pub struct Execution {
     /// handler sets no `backoff` of its own (Kopf: 60 s).
     pub default_backoff: Duration,
     /// Which of an object's pending handlers run in one processing cycle (Kopf: `asap`).
-    pub lifecycle: crate::lifecycles::Lifecycle,
+    pub lifecycle: crate::structs::lifecycles::Lifecycle,
 }
 
 impl Default for Execution {
@@ -116,7 +116,7 @@ impl Default for Execution {
         Execution {
             max_concurrent_handlers: 256,
             default_backoff: Duration::from_secs(60),
-            lifecycle: crate::lifecycles::Lifecycle::default(),
+            lifecycle: crate::structs::lifecycles::Lifecycle::default(),
         }
     }
 }
@@ -196,6 +196,68 @@ impl Default for Health {
             probe_cache: Duration::from_secs(10),
             probe_timeout: Duration::from_secs(10),
             metrics_cache: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The least severity of events that are posted, as Kopf's `settings.posting.level` (a Python
+/// logging level).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Level {
+    /// `logging.DEBUG`.
+    Debug,
+    /// `logging.INFO`: everything is posted (Kopf's default).
+    #[default]
+    Info,
+    /// `logging.WARNING`: `info` events are not posted.
+    Warning,
+    /// `logging.ERROR`: only `exception` events (and plain `event`s) are posted.
+    Error,
+    /// `logging.CRITICAL`: only plain `event`s are posted.
+    Critical,
+}
+
+/// `settings.posting`: Kopf's defaults, plus kactor's bounded queue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PostingSettings {
+    /// Whether events are posted at all (Kopf: true). As in Kopf, [`EventPoster::warn`](crate::clients::posting::EventPoster::warn) does not
+    /// look at it, only at [`PostingSettings::level`].
+    pub enabled: bool,
+    /// The least severity posted (Kopf: `logging.INFO`, so everything).
+    pub level: Level,
+    /// The delays between retries of a failing post (Kopf's `default_backoffs`: 1, 1, 2, 3, 5, 8, 13,
+    /// 21 s), with the rules of [`retrying`](crate::clients::api::retrying).
+    pub default_backoffs: Vec<Duration>,
+    /// At most this many posts in flight at once; `None`: no limit (Kopf: `None`). Each object's
+    /// events are posted one after another whatever the limit.
+    pub worker_limit: Option<usize>,
+    /// `reportingComponent` and `source.component`, the "From" column of `kubectl describe` (Kopf:
+    /// `kopf`, kept so that tools filtering on it see kactor's events).
+    pub reporting_component: String,
+    /// `reportingInstance` (Kopf: `dev`).
+    pub reporting_instance: String,
+    /// The `generateName` of events (Kopf: `kopf-event-`).
+    pub event_name_prefix: String,
+    /// At most this many events wait or are in flight (kactor: 10 000; Kopf's queue is unbounded).
+    /// Beyond it, new events are dropped with one warning per burst, so a cluster that refuses
+    /// events cannot make an operator grow without end.
+    pub queue_capacity: usize,
+}
+
+impl Default for PostingSettings {
+    fn default() -> Self {
+        PostingSettings {
+            enabled: true,
+            level: Level::Info,
+            default_backoffs: [1, 1, 2, 3, 5, 8, 13, 21]
+                .into_iter()
+                .map(Duration::from_secs)
+                .collect(),
+            worker_limit: None,
+            reporting_component: "kopf".to_owned(),
+            reporting_instance: "dev".to_owned(),
+            event_name_prefix: "kopf-event-".to_owned(),
+            queue_capacity: 10_000,
         }
     }
 }

@@ -18,7 +18,7 @@ use jiff::Timestamp;
 use kube::api::DynamicObject;
 use serde_json::Value;
 
-use crate::progress::{ProgressRecord, ProgressStorage};
+use crate::storage::progress::{ProgressRecord, ProgressStorage};
 
 /// What one attempt of a handler came to.
 #[derive(Debug, Clone, Default)]

@@ -20,10 +20,10 @@ use std::time::Duration;
 use futures::FutureExt;
 use tokio::time::Instant;
 
-use crate::context::{Ctx, ErrorsMode, HandlerError, HandlerFn};
-pub use crate::names::Verdict;
-use crate::observe::{ActiveHandler, HandlerRun, Observer};
-use crate::progression::Outcome;
+use crate::clients::observe::{ActiveHandler, HandlerRun, Observer};
+use crate::intents::context::{Ctx, ErrorsMode, HandlerError, HandlerFn};
+use crate::storage::progression::Outcome;
+pub use crate::structs::names::Verdict;
 
 /// What to run, and how to treat what comes out.
 pub struct Invocation<'a> {
@@ -285,9 +285,9 @@ pub fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::handlers::{handler_fn, Memo};
-    use crate::names::EventType;
-    use crate::resources::Resource;
+    use crate::intents::handlers::{handler_fn, Memo};
+    use crate::structs::names::EventType;
+    use crate::structs::resources::Resource;
     use serde_json::json;
     use std::sync::Arc;
 
@@ -327,7 +327,7 @@ mod tests {
             retries: None,
             post_events: false,
             resource: "widgets.v1.example.com",
-            observer: &crate::observe::NoObserver,
+            observer: &crate::clients::observe::NoObserver,
             active: true,
         }
     }

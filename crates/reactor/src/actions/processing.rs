@@ -13,14 +13,14 @@
 //! 5. `process_changing`: the changing handlers run if the object is consistent (our last patch came
 //!    back), per the lifecycle, with their progress read from and written to the object's
 //!    annotations. A cause that spans several cycles (a retry, a delay) keeps the essence it started
-//!    from, in the worker's memory and on the object ([`crate::diffbase::CAUSE_BASE_KEY`], written
+//!    from, in the worker's memory and on the object ([`crate::storage::diffbase::CAUSE_BASE_KEY`], written
 //!    with the progress), for the cycles and restarts to come, with each field handler's field set
 //!    to the value that handler last saw. Once every handler of the cause is done, progress is
 //!    purged and that becomes the diff-base: not the newest essence, so that whatever changed since
 //!    a handler looked is an update after the cause;
 //! 6. `release_finalizer`: during a deletion, the finalizer goes once no handler is pending and no
 //!    daemon or timer still stops;
-//! 7. `apply_patch`: everything goes out as one combined patch ([`crate::patches::apply`]): the
+//! 7. `apply_patch`: everything goes out as one combined patch ([`crate::clients::patches::apply`]): the
 //!    results first, then the progress and the diff-base.
 //!
 //! The returned [`Cycle`] says what was [`Written`] (the version to wait for) and the one [`Next`]
@@ -56,21 +56,21 @@ use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::causes::{self, ChangingCause, Reason};
-use crate::diffbase::DiffBaseStorage;
-use crate::diffs::{self, resolve, Diff};
-use crate::execution::{execute_once, Invocation};
-use crate::finalizers;
-use crate::handlers::{Attempt, ChangingHandler, Ctx, ErrorsMode, Memo, ResourceHandlers};
-use crate::keys::KeyForming;
-use crate::names::EventType;
-use crate::observe::{NoObserver, Observer};
-use crate::patches::{self, ApplyError, Patch, PatchFn};
-use crate::posting::EventPoster;
-use crate::progress::ProgressStorage;
-use crate::progression::{Outcome, State};
-use crate::resources::Resource;
-use crate::settings::Settings;
+use crate::actions::execution::{execute_once, Invocation};
+use crate::clients::observe::{NoObserver, Observer};
+use crate::clients::patches::{self, ApplyError, Patch, PatchFn};
+use crate::clients::posting::EventPoster;
+use crate::intents::handlers::{Attempt, ChangingHandler, Ctx, ErrorsMode, Memo, ResourceHandlers};
+use crate::storage::diffbase::DiffBaseStorage;
+use crate::storage::progress::ProgressStorage;
+use crate::storage::progression::{Outcome, State};
+use crate::structs::causes::{self, ChangingCause, Reason};
+use crate::structs::diffs::{self, resolve, Diff};
+use crate::structs::finalizers;
+use crate::structs::keys::KeyForming;
+use crate::structs::names::EventType;
+use crate::structs::resources::Resource;
+use crate::structs::settings::Settings;
 
 /// The longest a cycle sleeps for a delayed handler before touching the object anyway (Kopf's
 /// `WAITING_KEEPALIVE_INTERVAL`: 10 minutes).
@@ -157,7 +157,7 @@ pub struct ObjectMemory {
     /// handlers): what tells an essential change from our own status patches for idle timers.
     pub seen_essence: Option<u64>,
     /// The essence the cause in progress started from, while it spans several cycles (also kept on
-    /// the object, [`crate::diffbase::CAUSE_BASE_KEY`], for a restart): the diff-base it leaves.
+    /// the object, [`crate::storage::diffbase::CAUSE_BASE_KEY`], for a restart): the diff-base it leaves.
     pub cause_base: Option<(Reason, Value)>,
 }
 

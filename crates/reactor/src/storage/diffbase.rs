@@ -10,9 +10,9 @@ use std::collections::BTreeMap;
 use kube::api::DynamicObject;
 use serde_json::{Map, Value};
 
-use crate::diffs::{cherrypick, ensure, remove, resolve};
-use crate::keys::{marked_prefixes, KeyForming};
-use crate::progress::{annotation_path, store_marker, write_json, write_json_str};
+use crate::storage::progress::{annotation_path, store_marker, write_json, write_json_str};
+use crate::structs::diffs::{cherrypick, ensure, remove, resolve};
+use crate::structs::keys::{marked_prefixes, KeyForming};
 
 /// Kubernetes' limit on the total size of an object's annotations (keys and values, in bytes).
 pub const ANNOTATIONS_SIZE_LIMIT: usize = 256 * 1024;

@@ -15,7 +15,7 @@ use kube::client::Body;
 use tokio::time::Instant;
 use tower_layer::Layer;
 
-use crate::observe::Observer;
+use crate::clients::observe::Observer;
 
 /// `client`, with every request told to `observer`.
 ///

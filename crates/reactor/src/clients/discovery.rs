@@ -9,7 +9,7 @@
 use futures::future::join_all;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{APIResource, APIResourceList};
 
-use crate::resources::{Resource, Selector};
+use crate::structs::resources::{Resource, Selector};
 
 /// Why discovery could not tell what the cluster serves.
 ///

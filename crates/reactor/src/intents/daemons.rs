@@ -11,15 +11,15 @@
 //! Both hold the object's finalizer while they may run, and both store their results in
 //! `status.<id>` and send their patches after each run. Running them is `kactor-actors`' job (the
 //! object's worker owns them); this module has the domain: the options, the stop reasons and signal,
-//! (their metrics go through [`crate::observe::Observer`]).
+//! (their metrics go through [`crate::clients::observe::Observer`]).
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::context::Ctx;
-pub use crate::names::SpawningKind;
-pub use crate::stopping::{Live, StopReason, StopReasons, Stopped, Stopper};
+use crate::intents::context::Ctx;
+pub use crate::structs::names::SpawningKind;
+pub use crate::structs::stopping::{Live, StopReason, StopReasons, Stopped, Stopper};
 
 /// A delay before the first run, fixed or computed from the object (Kopf's `initial_delay`, a float
 /// or a callable).
@@ -66,7 +66,7 @@ pub struct Cancellation {
     pub timeout: Option<Duration>,
 }
 
-/// A daemon's options (besides the [`crate::handlers::On`] ones: id, errors, retries, backoff,
+/// A daemon's options (besides the [`crate::intents::handlers::On`] ones: id, errors, retries, backoff,
 /// filters).
 ///
 /// ```
@@ -119,7 +119,7 @@ impl Daemon {
     }
 }
 
-/// A timer's options (besides the [`crate::handlers::On`] ones).
+/// A timer's options (besides the [`crate::intents::handlers::On`] ones).
 ///
 /// ```
 /// # use kactor_reactor::daemons::Timer;

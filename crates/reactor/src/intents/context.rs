@@ -1,6 +1,6 @@
 //! What handlers are given ([`Ctx`], [`ActivityCtx`]) and what they return ([`HandlerError`]):
 //! the handler's side of the contract, apart from how handlers are registered
-//! ([`crate::handlers`]), so that filters, execution and daemons can speak of a context without
+//! ([`crate::intents::handlers`]), so that filters, execution and daemons can speak of a context without
 //! depending on the registry.
 //!
 //! A resource handler returns `Ok(value)`: anything serialisable; `()` (null) stores nothing, any
@@ -19,13 +19,13 @@ use kube::api::DynamicObject;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use crate::causes::{ChangingCause, Reason};
-use crate::diffs::Diff;
-use crate::names::EventType;
-use crate::patches::Patch;
-use crate::posting::{EventPoster, ObjectRef};
-use crate::resources::Resource;
-use crate::stopping::{Live, Stopped};
+use crate::clients::patches::Patch;
+use crate::clients::posting::{EventPoster, ObjectRef};
+use crate::structs::causes::{ChangingCause, Reason};
+use crate::structs::diffs::Diff;
+use crate::structs::names::EventType;
+use crate::structs::resources::Resource;
+use crate::structs::stopping::{Live, Stopped};
 
 /// What a handler returns when it fails. Any `std::error::Error` converts into it with `?`.
 pub enum HandlerError {

@@ -29,7 +29,7 @@ use std::time::Duration;
 use kube::api::{Api, DynamicObject, Patch as KubePatch, PatchParams};
 use serde_json::{Map, Value};
 
-use crate::resources::Resource;
+use crate::structs::resources::Resource;
 
 /// The status field that holds the framework's own state (Kopf's status storage), sent last.
 pub(crate) const KOPF_STATUS: &str = "kopf";
@@ -257,7 +257,7 @@ pub async fn apply(
     let has_status = resource.subresources.iter().any(|s| s == "status");
 
     for (what, to_status, patch) in merge_requests(changes.merge, has_status) {
-        let response = crate::api::retrying(backoffs, what, || {
+        let response = crate::clients::api::retrying(backoffs, what, || {
             let (api, name, patch) = (&api, &name, &patch);
             async move {
                 let params = PatchParams::default();
@@ -389,7 +389,7 @@ async fn transform(
         )];
         all.extend(ops);
         let patch = KubePatch::Json::<()>(json_patch::Patch(all));
-        let object = crate::api::retrying(backoffs, "the object (JSON patch)", || async {
+        let object = crate::clients::api::retrying(backoffs, "the object (JSON patch)", || async {
             let params = PatchParams::default();
             if to_status {
                 api.patch_status(name, &params, &patch).await

@@ -1,5 +1,5 @@
 //! How daemons and timers are told to stop ([`Stopper`], [`Stopped`], [`StopReason`]) and the live
-//! body they read ([`Live`]): the runtime side of [`crate::daemons`], apart from their options, so
+//! body they read ([`Live`]): the runtime side of [`crate::intents::daemons`], apart from their options, so
 //! that a handler's context can carry them without depending on how daemons are registered.
 
 use std::fmt;
@@ -10,7 +10,7 @@ use kube::api::DynamicObject;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::names::EventType;
+use crate::structs::names::EventType;
 
 /// Why a daemon or timer is stopping (Kopf's `DaemonStoppingReason`). Several can hold at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -3,8 +3,8 @@
 //! * `on_event` handlers ([`EventHandler`]) run for every watch event, including the initial listing;
 //!   their errors are logged, never retried, and no progress is kept (`reference/kopf.md` §1.1).
 //! * Changing handlers ([`ChangingHandler`]: create, update, delete, resume, field) run for a cause
-//!   (see [`crate::causes`]), are retried per their [`Options`] until they succeed or fail for good,
-//!   and keep their progress on the object (see [`crate::progression`]).
+//!   (see [`crate::structs::causes`]), are retried per their [`Options`] until they succeed or fail for good,
+//!   and keep their progress on the object (see [`crate::storage::progression`]).
 //! * `on_startup` / `on_cleanup` activities ([`Activity`], §1.22).
 //!
 //! A resource handler returns `Ok(value)`: anything serialisable; `()` (null) stores nothing, any
@@ -16,15 +16,15 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::causes::Reason;
-pub use crate::context::{
+pub use crate::intents::context::{
     handler_fn, ActivityCtx, ActivityFn, Attempt, Ctx, ErrorsMode, HandlerError, HandlerFn,
     HandlerResult, Logger, Memo, ProbeFn,
 };
-use crate::daemons::{Cancellation, Daemon, InitialDelay, Timer};
-use crate::filters::{Filters, MetaFilter, ValueFilter};
-use crate::names::SpawningKind;
-use crate::resources::Selector;
+use crate::intents::daemons::{Cancellation, Daemon, InitialDelay, Timer};
+use crate::intents::filters::{Filters, MetaFilter, ValueFilter};
+use crate::structs::causes::Reason;
+use crate::structs::names::SpawningKind;
+use crate::structs::resources::Selector;
 
 /// A registered `on_event` handler.
 #[derive(Clone)]
@@ -208,7 +208,7 @@ impl On {
 
     /// The field the handler is about (`"spec.replicas"`): it must be present (or pass `value`).
     pub fn field(mut self, field: &str) -> Self {
-        self.filters.field = Some(crate::diffs::parse_field(field));
+        self.filters.field = Some(crate::structs::diffs::parse_field(field));
         self
     }
 

@@ -8,15 +8,15 @@
 //!
 //! This module also holds the JSON writer that reproduces Python's
 //! `json.dumps(..., separators=(',', ':'))` byte for byte (ASCII-only output, Python's float
-//! formatting), shared with [`crate::diffbase`].
+//! formatting), shared with [`crate::storage::diffbase`].
 
 use jiff::tz::TimeZone;
 use jiff::Timestamp;
 use kube::api::DynamicObject;
 use serde_json::Value;
 
-use crate::diffs::{ensure, remove, resolve};
-use crate::keys::KeyForming;
+use crate::structs::diffs::{ensure, remove, resolve};
+use crate::structs::keys::KeyForming;
 
 /// Why a stored progress record could not be read.
 #[derive(Debug, thiserror::Error)]

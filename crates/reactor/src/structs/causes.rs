@@ -12,9 +12,9 @@ use std::sync::Arc;
 use kube::api::DynamicObject;
 use serde_json::Value;
 
-use crate::diffs::Diff;
-use crate::finalizers;
-use crate::names::EventType;
+use crate::structs::diffs::Diff;
+use crate::structs::finalizers;
+use crate::structs::names::EventType;
 
 /// Why changing handlers run (Kopf's `Reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -147,7 +147,7 @@ pub fn detect(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::diffs::diff;
+    use crate::structs::diffs::diff;
     use serde_json::json;
 
     const FIN: &str = "kopf.zalando.org/KopfFinalizerMarker";

@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-pub use crate::names::MessageOutcome;
-pub use crate::names::Verdict;
-use crate::names::{RestartReason, SpawningKind};
+pub use crate::structs::names::MessageOutcome;
+pub use crate::structs::names::Verdict;
+use crate::structs::names::{RestartReason, SpawningKind};
 
 /// One finished attempt of a handler (changing, event, daemon or timer).
 #[derive(Debug, Clone, Copy)]

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::context::Ctx;
-use crate::diffs::resolve;
+use crate::intents::context::Ctx;
+use crate::structs::diffs::resolve;
 
 /// A predicate over a label's or annotation's value (None when absent).
 pub type MetaCheck = Arc<dyn Fn(Option<&str>) -> bool + Send + Sync>;

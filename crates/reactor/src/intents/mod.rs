@@ -1,0 +1,7 @@
+//! What users ask for: the handlers and their registry, their filters and options, daemons and timers,
+//! and the context a handler is given (`Ctx`).
+
+pub mod context;
+pub mod daemons;
+pub mod filters;
+pub mod handlers;
