@@ -98,6 +98,14 @@ enum State {
 /// The most events a batch takes from a stream without waiting.
 const MAX_BATCH: usize = 512;
 
+/// What one step of the watch stream's state machine came to.
+enum Step {
+    /// Items to hand out.
+    Batch(Vec<WatchItem>),
+    /// Nothing yet: step again.
+    Again,
+}
+
 /// The watcher of one resource in one namespace (or cluster-wide).
 pub struct Watcher {
     api: Api<DynamicObject>,
@@ -189,163 +197,187 @@ impl Watcher {
     ///
     /// Cancel-safe: dropping the future (in a `select!`) loses nothing. The state only changes once a
     /// request has been answered; a dropped request is simply made again by the next call.
-    #[allow(
-        clippy::too_many_lines,
-        reason = "the watch stream's explicit state machine: one arm per state, read as a table"
-    )]
     pub async fn next_batch(&mut self) -> Result<Vec<WatchItem>, WatchError> {
         loop {
-            match &mut self.state {
+            let step = match &self.state {
                 State::Empty => {
                     self.state = State::Listing {
                         continue_token: None,
                         rv: None,
                     };
+                    Step::Again
                 }
                 State::Listing { continue_token, rv } => {
-                    let mut params = self.params.clone();
-                    if self.watching.list_page_size > 0 {
-                        params = params.limit(self.watching.list_page_size);
-                    }
-                    if let Some(token) = continue_token.as_deref() {
-                        params = params.continue_token(token);
-                    }
-                    let first_rv = rv.clone();
-                    match self.api.list(&params).await {
-                        Ok(page) => {
-                            self.succeeded();
-                            let rv = first_rv
-                                .or(page.metadata.resource_version.clone())
-                                .unwrap_or_default();
-                            let mut items: Vec<WatchItem> =
-                                page.items.into_iter().map(WatchItem::Listed).collect();
-                            self.tell.received(&self.status, items.len());
-                            match page.metadata.continue_.filter(|c| !c.is_empty()) {
-                                Some(token) => {
-                                    self.state = State::Listing {
-                                        continue_token: Some(token),
-                                        rv: Some(rv),
-                                    }
-                                }
-                                None => {
-                                    items.push(WatchItem::ListDone);
-                                    self.status.listed.store(true, Ordering::Relaxed);
-                                    self.state = State::Listed { rv };
-                                }
-                            }
-                            return Ok(items);
-                        }
-                        Err(error) if status_of(&error).is_some_and(|(code, _)| code == 410) => {
-                            tracing::info!(watcher = %self.label, "the listing expired (410 Gone); listing again");
-                            self.tell.restarted(&self.status, RestartReason::Relist410);
-                            self.state = State::Empty;
-                        }
-                        Err(error) => self.failed(error).await?,
-                    }
+                    let (continue_token, rv) = (continue_token.clone(), rv.clone());
+                    self.list_page(continue_token, rv).await?
                 }
                 State::Listed { rv } => {
                     let rv = rv.clone();
-                    let mut params = WatchParams::default();
-                    if let Some(selector) = &self.params.label_selector {
-                        params = params.labels(selector);
-                    }
-                    if let Some(timeout) = self.watching.server_timeout {
-                        params =
-                            params.timeout(timeout.as_secs().clamp(1, u64::from(u32::MAX)) as u32);
-                    }
-                    match self.api.watch(&params, &rv).await {
-                        Ok(stream) => {
-                            self.succeeded();
-                            self.state = State::Watching {
-                                rv,
-                                stream: stream.boxed(),
-                            };
-                        }
-                        Err(error) if status_of(&error).is_some_and(|(code, _)| code == 410) => {
-                            self.tell.restarted(&self.status, RestartReason::Relist410);
-                            self.state = State::Empty;
-                        }
-                        Err(error) => self.failed(error).await?,
-                    }
+                    self.open_watch(rv).await?;
+                    Step::Again
                 }
-                State::Watching { rv, stream } => {
-                    // Measured from the last sign of life, not from this call, so that a caller that
-                    // keeps cancelling and calling again does not postpone the timeout forever.
-                    let remaining = self
-                        .watching
-                        .inactivity_timeout
-                        .saturating_sub(self.status.idle_for());
-                    let first = tokio::time::timeout(remaining, stream.next()).await;
-                    let first = match first {
-                        Err(_) => {
-                            tracing::warn!(watcher = %self.label, timeout = ?self.watching.inactivity_timeout, "no event or bookmark within the inactivity timeout; reconnecting");
-                            self.tell.restarted(&self.status, RestartReason::Inactivity);
-                            self.state = State::Listed { rv: rv.clone() };
-                            continue;
-                        }
-                        Ok(None) => {
-                            self.tell.restarted(&self.status, RestartReason::Reconnect);
-                            self.state = State::Listed { rv: rv.clone() };
-                            tokio::time::sleep(self.watching.reconnect_backoff).await;
-                            continue;
-                        }
-                        Ok(Some(first)) => first,
-                    };
-                    // From here on nothing awaits until the state is settled: the batch cannot be lost.
-                    let mut items = Vec::new();
-                    let mut next = Some(first);
-                    let mut relist = false;
-                    let mut broken = false;
-                    while let Some(event) = next.take() {
-                        self.status.touch();
-                        match event {
-                            Ok(WatchEvent::Added(object)) => {
-                                push_event(&mut items, rv, EventType::Added, object)
-                            }
-                            Ok(WatchEvent::Modified(object)) => {
-                                push_event(&mut items, rv, EventType::Modified, object)
-                            }
-                            Ok(WatchEvent::Deleted(object)) => {
-                                push_event(&mut items, rv, EventType::Deleted, object)
-                            }
-                            Ok(WatchEvent::Bookmark(bookmark)) => {
-                                *rv = bookmark.metadata.resource_version
-                            }
-                            Ok(WatchEvent::Error(status)) if status.code == 410 => {
-                                tracing::info!(watcher = %self.label, message = %status.message, "the watch expired (410 Gone); listing again");
-                                relist = true;
-                            }
-                            Ok(WatchEvent::Error(status)) => {
-                                tracing::warn!(watcher = %self.label, code = status.code, message = %status.message, "the watch stream reported an error; reconnecting");
-                                broken = true;
-                            }
-                            Err(error) => {
-                                tracing::warn!(watcher = %self.label, %error, "the watch stream failed; reconnecting");
-                                broken = true;
-                            }
-                        }
-                        if !relist && !broken && items.len() < MAX_BATCH {
-                            // Whatever else is ready joins this batch; an ended stream shows on the next call.
-                            next = stream.next().now_or_never().flatten();
-                        }
-                    }
-                    self.tell.received(&self.status, items.len());
-                    if relist {
-                        self.tell.restarted(&self.status, RestartReason::Relist410);
-                        self.state = State::Empty;
-                    } else if broken {
-                        self.tell.restarted(&self.status, RestartReason::Error);
-                        self.state = State::Listed { rv: rv.clone() };
-                    }
-                    if !items.is_empty() {
-                        return Ok(items);
-                    }
-                    if broken {
-                        tokio::time::sleep(self.watching.reconnect_backoff).await;
-                    }
-                }
+                State::Watching { .. } => self.read_watch().await,
+            };
+            if let Step::Batch(items) = step {
+                return Ok(items);
             }
         }
+    }
+
+    /// Listing: one page, with the listing's resourceVersion kept from its first page; the last
+    /// page ends the listing (`ListDone`). A 410 lists again from the start.
+    async fn list_page(
+        &mut self,
+        continue_token: Option<String>,
+        rv: Option<String>,
+    ) -> Result<Step, WatchError> {
+        let mut params = self.params.clone();
+        if self.watching.list_page_size > 0 {
+            params = params.limit(self.watching.list_page_size);
+        }
+        if let Some(token) = continue_token.as_deref() {
+            params = params.continue_token(token);
+        }
+        match self.api.list(&params).await {
+            Ok(page) => {
+                self.succeeded();
+                let rv = rv
+                    .or(page.metadata.resource_version.clone())
+                    .unwrap_or_default();
+                let mut items: Vec<WatchItem> =
+                    page.items.into_iter().map(WatchItem::Listed).collect();
+                self.tell.received(&self.status, items.len());
+                match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                    Some(token) => {
+                        self.state = State::Listing {
+                            continue_token: Some(token),
+                            rv: Some(rv),
+                        }
+                    }
+                    None => {
+                        items.push(WatchItem::ListDone);
+                        self.status.listed.store(true, Ordering::Relaxed);
+                        self.state = State::Listed { rv };
+                    }
+                }
+                return Ok(Step::Batch(items));
+            }
+            Err(error) if status_of(&error).is_some_and(|(code, _)| code == 410) => {
+                tracing::info!(watcher = %self.label, "the listing expired (410 Gone); listing again");
+                self.tell.restarted(&self.status, RestartReason::Relist410);
+                self.state = State::Empty;
+            }
+            Err(error) => self.failed(error).await?,
+        }
+        Ok(Step::Again)
+    }
+
+    /// Listed: opens the watch from `rv`. A 410 lists again.
+    async fn open_watch(&mut self, rv: String) -> Result<(), WatchError> {
+        let mut params = WatchParams::default();
+        if let Some(selector) = &self.params.label_selector {
+            params = params.labels(selector);
+        }
+        if let Some(timeout) = self.watching.server_timeout {
+            params = params.timeout(timeout.as_secs().clamp(1, u64::from(u32::MAX)) as u32);
+        }
+        match self.api.watch(&params, &rv).await {
+            Ok(stream) => {
+                self.succeeded();
+                self.state = State::Watching {
+                    rv,
+                    stream: stream.boxed(),
+                };
+            }
+            Err(error) if status_of(&error).is_some_and(|(code, _)| code == 410) => {
+                self.tell.restarted(&self.status, RestartReason::Relist410);
+                self.state = State::Empty;
+            }
+            Err(error) => self.failed(error).await?,
+        }
+        Ok(())
+    }
+
+    /// Watching: the next events, with whatever else is ready at once (up to `MAX_BATCH`); bookmarks
+    /// move the resourceVersion. Silence beyond the inactivity timeout, an ended stream or an error
+    /// reconnects; a 410 lists again.
+    async fn read_watch(&mut self) -> Step {
+        let State::Watching { rv, stream } = &mut self.state else {
+            return Step::Again;
+        };
+        // Measured from the last sign of life, not from this call, so that a caller that
+        // keeps cancelling and calling again does not postpone the timeout forever.
+        let remaining = self
+            .watching
+            .inactivity_timeout
+            .saturating_sub(self.status.idle_for());
+        let first = tokio::time::timeout(remaining, stream.next()).await;
+        let first = match first {
+            Err(_) => {
+                tracing::warn!(watcher = %self.label, timeout = ?self.watching.inactivity_timeout, "no event or bookmark within the inactivity timeout; reconnecting");
+                self.tell.restarted(&self.status, RestartReason::Inactivity);
+                self.state = State::Listed { rv: rv.clone() };
+                return Step::Again;
+            }
+            Ok(None) => {
+                self.tell.restarted(&self.status, RestartReason::Reconnect);
+                self.state = State::Listed { rv: rv.clone() };
+                tokio::time::sleep(self.watching.reconnect_backoff).await;
+                return Step::Again;
+            }
+            Ok(Some(first)) => first,
+        };
+        // From here on nothing awaits until the state is settled: the batch cannot be lost.
+        let mut items = Vec::new();
+        let mut next = Some(first);
+        let mut relist = false;
+        let mut broken = false;
+        while let Some(event) = next.take() {
+            self.status.touch();
+            match event {
+                Ok(WatchEvent::Added(object)) => {
+                    push_event(&mut items, rv, EventType::Added, object)
+                }
+                Ok(WatchEvent::Modified(object)) => {
+                    push_event(&mut items, rv, EventType::Modified, object)
+                }
+                Ok(WatchEvent::Deleted(object)) => {
+                    push_event(&mut items, rv, EventType::Deleted, object)
+                }
+                Ok(WatchEvent::Bookmark(bookmark)) => *rv = bookmark.metadata.resource_version,
+                Ok(WatchEvent::Error(status)) if status.code == 410 => {
+                    tracing::info!(watcher = %self.label, message = %status.message, "the watch expired (410 Gone); listing again");
+                    relist = true;
+                }
+                Ok(WatchEvent::Error(status)) => {
+                    tracing::warn!(watcher = %self.label, code = status.code, message = %status.message, "the watch stream reported an error; reconnecting");
+                    broken = true;
+                }
+                Err(error) => {
+                    tracing::warn!(watcher = %self.label, %error, "the watch stream failed; reconnecting");
+                    broken = true;
+                }
+            }
+            if !relist && !broken && items.len() < MAX_BATCH {
+                // Whatever else is ready joins this batch; an ended stream shows on the next call.
+                next = stream.next().now_or_never().flatten();
+            }
+        }
+        self.tell.received(&self.status, items.len());
+        if relist {
+            self.tell.restarted(&self.status, RestartReason::Relist410);
+            self.state = State::Empty;
+        } else if broken {
+            self.tell.restarted(&self.status, RestartReason::Error);
+            self.state = State::Listed { rv: rv.clone() };
+        }
+        if !items.is_empty() {
+            return Step::Batch(items);
+        }
+        if broken {
+            tokio::time::sleep(self.watching.reconnect_backoff).await;
+        }
+        Step::Again
     }
 
     fn succeeded(&mut self) {
