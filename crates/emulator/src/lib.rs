@@ -26,6 +26,7 @@
 
 mod auth;
 mod faults;
+mod kinds;
 mod openapi;
 mod patch;
 mod rbac;

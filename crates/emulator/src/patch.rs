@@ -1,9 +1,11 @@
 //! The PATCH formats: JSON merge patch (RFC 7386), JSON patch (RFC 6902), and the two Kubernetes ones.
 //!
 //! Strategic merge patch behaves as a JSON merge patch here: lists are replaced, not merged by key, and
-//! the `$patch`/`$setElementOrder`/`$retainKeys`/`$deleteFromPrimitiveList` directives are dropped. Server-side
-//! apply (`application/apply-patch+yaml`) is a merge patch that creates the object when it is missing;
-//! there are no field managers, so it never reports a conflict between managers.
+//! the `$patch`/`$setElementOrder`/`$retainKeys`/`$deleteFromPrimitiveList` directives are dropped; custom
+//! resources refuse it (415), as on a real server. Server-side apply (`application/apply-patch+yaml`)
+//! needs a `fieldManager` and is a merge patch that creates the object when it is missing; fields are
+//! not tracked by manager, so it never reports a conflict between managers (a real server answers
+//! 409 Conflict).
 
 use serde_json::Value;
 
@@ -46,18 +48,34 @@ pub fn apply(
     let mut result = target.clone();
     match kind {
         PatchKind::Json => {
-            let operations: json_patch::Patch = serde_json::from_value(patch.clone())
+            let _: json_patch::Patch = serde_json::from_value(patch.clone())
                 .map_err(|e| ApiError::bad_request(format!("the server rejected our request due to an error in our request: invalid JSON patch: {e}")))?;
-            json_patch::patch(&mut result, &operations).map_err(|e| match e.kind {
-                json_patch::PatchErrorKind::TestFailed => describe(format!(
-                    "the server rejected our request due to an error in our request: {e}"
-                )),
-                _ => ApiError::new(
-                    422,
-                    "Invalid",
-                    format!("the server rejected our request due to an error in our request: {e}"),
-                ),
-            })?;
+            // One operation at a time, as the API server's JSON patch library goes: a `replace` of
+            // a key its object does not have adds it (a real server answers 200, not 422).
+            for operation in patch.as_array().into_iter().flatten() {
+                let mut operation = operation.clone();
+                let path = operation["path"].as_str().unwrap_or_default().to_string();
+                if operation["op"] == "replace" && result.pointer(&path).is_none() {
+                    let parent = path.rsplit_once('/').map_or("", |(parent, _)| parent);
+                    if result.pointer(parent).is_some_and(Value::is_object) {
+                        operation["op"] = Value::from("add");
+                    }
+                }
+                let one: json_patch::Patch = serde_json::from_value(Value::Array(vec![operation]))
+                    .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
+                json_patch::patch(&mut result, &one).map_err(|e| match e.kind {
+                    json_patch::PatchErrorKind::TestFailed => describe(format!(
+                        "the server rejected our request due to an error in our request: {e}"
+                    )),
+                    _ => ApiError::new(
+                        422,
+                        "Invalid",
+                        format!(
+                            "the server rejected our request due to an error in our request: {e}"
+                        ),
+                    ),
+                })?;
+            }
         }
         PatchKind::Merge | PatchKind::Apply => {
             if !patch.is_object() {

@@ -176,6 +176,8 @@ pub(crate) fn check(
     let policy = Policy::of(state);
     match attributes {
         Attributes::NonResource { path, .. } if is_open(path) => Ok(()),
+        // Asking what one may do is open to every user (the `system:basic-user` ClusterRole).
+        Attributes::Resource(request) if is_self_review(request) => Ok(()),
         Attributes::NonResource { verb, path } => {
             if policy.allows_path(&user, verb, path) {
                 Ok(())
@@ -194,6 +196,85 @@ pub(crate) fn check(
             }
         }
     }
+}
+
+/// Whether a request creates a SelfSubjectAccessReview or SelfSubjectRulesReview.
+fn is_self_review(request: &ResourceAttributes) -> bool {
+    request.group == "authorization.k8s.io"
+        && matches!(
+            request.resource.as_str(),
+            "selfsubjectaccessreviews" | "selfsubjectrulesreviews"
+        )
+        && request.verb == "create"
+}
+
+/// A `SelfSubjectAccessReview` (`kubectl auth can-i`): the review, with `status.allowed` for the
+/// requesting user, as the RBAC mode decides it (without RBAC, everything is allowed).
+pub(crate) fn self_review(
+    state: &State,
+    rbac: bool,
+    authorization: Option<&str>,
+    mut review: Value,
+) -> ApiResult<Value> {
+    if review["kind"] != "SelfSubjectAccessReview" {
+        return Err(ApiError::bad_request(
+            "the body must be a SelfSubjectAccessReview of authorization.k8s.io/v1",
+        ));
+    }
+    let spec = &review["spec"];
+    let allowed = if let Some(resource) = spec.get("resourceAttributes").filter(|r| r.is_object()) {
+        let field = |name: &str| resource[name].as_str().unwrap_or_default().to_string();
+        let request = ResourceAttributes {
+            verb: field("verb"),
+            group: field("group"),
+            resource: field("resource"),
+            subresource: field("subresource"),
+            namespace: field("namespace"),
+            name: field("name"),
+        };
+        if request.verb.is_empty() || request.resource.is_empty() {
+            return Err(ApiError::invalid(
+                "authorization.k8s.io",
+                "SelfSubjectAccessReview",
+                "",
+                vec![crate::status::Cause::new(
+                    "FieldValueRequired",
+                    "spec.resourceAttributes",
+                    "verb and resource are required",
+                )],
+            ));
+        }
+        let user = crate::auth::authenticate(authorization, state)?;
+        !rbac || user.is_superuser() || Policy::of(state).allows(&user, &request)
+    } else if let Some(path) = spec.get("nonResourceAttributes").filter(|r| r.is_object()) {
+        let verb = path["verb"].as_str().unwrap_or_default();
+        let path = path["path"].as_str().unwrap_or_default();
+        let user = crate::auth::authenticate(authorization, state)?;
+        !rbac
+            || user.is_superuser()
+            || is_open(path)
+            || Policy::of(state).allows_path(&user, verb, path)
+    } else {
+        return Err(ApiError::invalid(
+            "authorization.k8s.io",
+            "SelfSubjectAccessReview",
+            "",
+            vec![crate::status::Cause::new(
+                "FieldValueRequired",
+                "spec.resourceAttributes",
+                "exactly one of nonResourceAttributes or resourceAttributes must be specified",
+            )],
+        ));
+    };
+    review["status"] = if allowed {
+        json!({"allowed": true, "reason": if rbac { "RBAC: allowed" } else { "the emulator's RBAC mode is off" }})
+    } else {
+        json!({"allowed": false})
+    };
+    if review.get("metadata").is_none_or(Value::is_null) {
+        review["metadata"] = json!({});
+    }
+    Ok(review)
 }
 
 /// Whether a non-resource path is open to every user: discovery, OpenAPI, the version and health.

@@ -214,6 +214,20 @@ fn walk(schema: &Value, value: &mut Value, path: &str, found: &mut Found) {
         }
     }
     if let Some(text) = value.as_str() {
+        if let Some(pattern) = schema["pattern"].as_str() {
+            match compiled(pattern) {
+                Some(regex) if !regex.is_match(text) => found.causes.push(Cause::new(
+                    "FieldValueInvalid",
+                    path,
+                    format!(
+                        "Invalid value: {}: {path} in body should match '{pattern}'",
+                        short(value)
+                    ),
+                )),
+                // A pattern the CRD's own validation would have refused: nothing to hold values to.
+                Some(_) | None => {}
+            }
+        }
         let length = text.chars().count() as u64;
         if schema["minLength"].as_u64().is_some_and(|min| length < min) {
             found.causes.push(Cause::new(
@@ -268,6 +282,21 @@ fn walk(schema: &Value, value: &mut Value, path: &str, found: &mut Found) {
         }
         _ => {}
     }
+}
+
+/// A schema's `pattern`, compiled once (None: not a regular expression).
+fn compiled(pattern: &str) -> Option<regex::Regex> {
+    static CACHE: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<String, Option<regex::Regex>>>,
+    > = std::sync::OnceLock::new();
+    let mut cache = CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    cache
+        .entry(pattern.to_string())
+        .or_insert_with(|| regex::Regex::new(pattern).ok())
+        .clone()
 }
 
 fn short(value: &Value) -> String {

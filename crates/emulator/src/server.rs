@@ -245,6 +245,17 @@ impl Call {
                  `kubectl apply -f` or `kubectl create -f` rather than `kubectl create <kind> ...`)",
             ));
         }
+        // What a real API server decodes: JSON (and the patch formats, all JSON but apply's YAML)
+        // and YAML; anything else is a 415 before the body is read.
+        let known = media.is_empty()
+            || media == "*/*"
+            || media == "application/json"
+            || media == "application/yaml"
+            || (media.starts_with("application/") && media.ends_with("+json"))
+            || media == "application/apply-patch+yaml";
+        if !known {
+            return Err(ApiError::unsupported_media_type(&self.content_type));
+        }
         if media.ends_with("yaml") && serde_json::from_slice::<Value>(&self.body).is_err() {
             return serde_saphyr::from_slice(&self.body)
                 .map_err(|e| ApiError::bad_request(format!("invalid YAML body: {e}")));
@@ -336,12 +347,35 @@ async fn route(shared: &Arc<Shared>, request: Request<Incoming>) -> ApiResult<Re
                 .map_or_else(|| Err(ApiError::no_route(parts.uri.path())), |doc| ok(&doc))
         }
         ["_emulator", rest @ ..] => admin(shared, &call, rest),
+        ["apis", "authorization.k8s.io", "v1", "selfsubjectaccessreviews"]
+            if call.method == Method::POST =>
+        {
+            self_review(shared, &parts.headers, &call)
+        }
         ["api", "v1", rest @ ..] => resource(shared, call, "", "v1", rest).await,
         ["apis", group, version, rest @ ..] if !rest.is_empty() => {
             resource(shared, call, group, version, rest).await
         }
         _ => Err(ApiError::no_route(parts.uri.path())),
     }
+}
+
+/// `kubectl auth can-i`: what the requesting user may do.
+fn self_review(
+    shared: &Arc<Shared>,
+    headers: &hyper::HeaderMap,
+    call: &Call,
+) -> ApiResult<Response<Body>> {
+    let authorization = headers
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let review = rbac::self_review(
+        &shared.state(),
+        shared.settings.rbac,
+        authorization,
+        call.json()?,
+    )?;
+    object_response(StatusCode::CREATED, &review)
 }
 
 fn version() -> Value {
@@ -577,6 +611,18 @@ async fn resource(
         }
         "create" => {
             let body = call.json()?;
+            if body
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                .is_some_and(|rv| !rv.is_empty())
+            {
+                // A real server's answer, code and all (an internal error, without a reason).
+                return Err(ApiError::new(
+                    500,
+                    "",
+                    "resourceVersion should not be set on objects to be created",
+                ));
+            }
             let created =
                 shared
                     .state()
@@ -592,6 +638,18 @@ async fn resource(
         }
         "patch" => {
             let kind = PatchKind::from_content_type(&call.content_type)?;
+            if kind == PatchKind::Strategic && target.rtype.custom {
+                // Custom resources have no patch strategy to merge lists by.
+                return Err(ApiError::unsupported_media_type(&call.content_type));
+            }
+            if kind == PatchKind::Apply && call.param("fieldManager").is_none_or(str::is_empty) {
+                return Err(ApiError::new(
+                    422,
+                    "Invalid",
+                    "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is \
+                     required for apply patch",
+                ));
+            }
             let patch = call.json()?;
             let mut state = shared.state();
             let existed = state.get(&gr, &target.key()).is_ok();

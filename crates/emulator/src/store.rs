@@ -870,6 +870,9 @@ impl State {
         if !causes.is_empty() {
             return Err(ApiError::invalid(&rtype.group, &rtype.kind, &name, causes));
         }
+        if !rtype.custom {
+            crate::kinds::validate(&rtype.group, &rtype.plural, &rtype.kind, object)?;
+        }
         match (rtype.group.as_str(), rtype.plural.as_str()) {
             ("", "namespaces") => {
                 let spec = object
