@@ -4,6 +4,9 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kactor_testenv::{Backend, TestCluster};
@@ -208,11 +211,39 @@ async fn in_rbac_mode_a_service_account_may_do_only_what_its_role_grants() {
         .await
         .unwrap_err();
     assert_eq!(code(denied), 403);
-    let secrets: Api<Secret> = Api::default_namespaced(reader);
+    let secrets: Api<Secret> = Api::default_namespaced(reader.clone());
     assert_eq!(
         code(secrets.list(&Default::default()).await.unwrap_err()),
         403
     );
+
+    // What `kubectl auth can-i` asks: any user may, and the answer is what RBAC decides.
+    let reviews: Api<SelfSubjectAccessReview> = Api::all(reader);
+    let can = |verb: &str, resource: &str| {
+        let reviews = reviews.clone();
+        let review = SelfSubjectAccessReview {
+            spec: SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(ResourceAttributes {
+                    verb: Some(verb.into()),
+                    resource: Some(resource.into()),
+                    namespace: Some("default".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        async move {
+            let answered = reviews
+                .create(&PostParams::default(), &review)
+                .await
+                .unwrap();
+            answered.status.expect("a review's answer").allowed
+        }
+    };
+    assert!(can("list", "configmaps").await);
+    assert!(!can("create", "configmaps").await);
+    assert!(!can("list", "secrets").await);
 }
 
 /// What only the real server's process has to prove; `scripts/test` runs these on its pass only.
