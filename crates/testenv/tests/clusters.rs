@@ -136,8 +136,9 @@ async fn an_owners_deletion_collects_its_dependents() {
     .await;
 }
 
-#[tokio::test]
-async fn in_rbac_mode_a_service_account_may_do_only_what_its_role_grants() {
+/// A cluster in RBAC mode with the service account `default/reader`, bound to a Role that may get
+/// and list ConfigMaps, once the binding has taken effect; the cluster and the reader's client.
+async fn cluster_with_a_reader() -> (TestCluster, kube::Client) {
     let cluster = TestCluster::builder().rbac(true).start().await.unwrap();
     let admin = cluster.client();
     let post = PostParams::default();
@@ -206,6 +207,14 @@ async fn in_rbac_mode_a_service_account_may_do_only_what_its_role_grants() {
         configmaps.list(&Default::default()).await.is_ok()
     })
     .await;
+    (cluster, reader)
+}
+
+#[tokio::test]
+async fn in_rbac_mode_a_service_account_may_do_only_what_its_role_grants() {
+    let (_cluster, reader) = cluster_with_a_reader().await;
+    let post = PostParams::default();
+    let configmaps: Api<ConfigMap> = Api::default_namespaced(reader.clone());
     let denied = configmaps
         .create(&post, &configmap("written", None))
         .await
@@ -216,7 +225,11 @@ async fn in_rbac_mode_a_service_account_may_do_only_what_its_role_grants() {
         code(secrets.list(&Default::default()).await.unwrap_err()),
         403
     );
+}
 
+#[tokio::test]
+async fn in_rbac_mode_a_self_subject_access_review_answers_what_the_bindings_allow() {
+    let (_cluster, reader) = cluster_with_a_reader().await;
     // What `kubectl auth can-i` asks: any user may, and the answer is what RBAC decides.
     let reviews: Api<SelfSubjectAccessReview> = Api::all(reader);
     let can = |verb: &str, resource: &str| {
