@@ -209,6 +209,16 @@ pub struct RunArgs {
     /// defaults to localhost and the port to 80. Use 0.0.0.0 in a pod.
     #[arg(short = 'L', long, value_name = "URL", env = "KACTOR_LIVENESS")]
     pub liveness: Option<String>,
+
+    /// Run on kactor's embedded, in-memory Kubernetes API server instead of a cluster, to try the
+    /// operator without one.
+    ///
+    /// It installs the operator's own CRDs, writes a kubeconfig for kubectl, serves health and
+    /// metrics (at --liveness, or on a free local port), prints where all of it is, and runs alone
+    /// until Ctrl-C. Nothing is kept after the exit. The server runs no controllers: a Deployment
+    /// makes no pods.
+    #[arg(long, env = "KACTOR_EMULATOR", action = ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
+    pub emulator: bool,
 }
 
 impl RunArgs {

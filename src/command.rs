@@ -47,7 +47,73 @@ impl Operator {
         if let Some(warning) = args.scope_warning() {
             tracing::warn!("{warning}");
         }
+        if args.emulator {
+            return self.with_args(&args).run_on_emulator().await;
+        }
         self.with_args(&args).run().await
+    }
+
+    /// `--emulator`: runs on kactor's embedded API server, with the operator's CRDs installed, a
+    /// kubeconfig for kubectl and health on a free port (or `--liveness`), until SIGINT or SIGTERM.
+    async fn run_on_emulator(self) -> Result<()> {
+        let emulator = kactor_emulator::Emulator::start()
+            .await
+            .map_err(|e| Error::Emulator(e.to_string()))?;
+        let program = crate::cli::program_name().unwrap_or_else(|| crate::cli::DEFAULT_NAME.into());
+        let kubeconfig = std::env::temp_dir().join(format!(
+            "{program}-emulator-{}.kubeconfig",
+            emulator.addr().port()
+        ));
+        emulator
+            .write_kubeconfig(&kubeconfig)
+            .map_err(|e| Error::Emulator(e.to_string()))?;
+        let client = emulator.client();
+        let crds: kube::Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+            kube::Api::all(client.clone());
+        for crd in self.declared_crds() {
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            crds.create(&kube::api::PostParams::default(), crd)
+                .await
+                .map_err(|e| Error::Emulator(format!("cannot install the CRD {name}: {e}")))?;
+        }
+        let liveness = match self.liveness_url() {
+            Some(url) => url.to_string(),
+            None => {
+                let port = std::net::TcpListener::bind(("127.0.0.1", 0))
+                    .and_then(|l| l.local_addr())
+                    .map_err(|e| Error::Emulator(format!("cannot find a free port: {e}")))?
+                    .port();
+                format!("http://127.0.0.1:{port}/healthz")
+            }
+        };
+        let base = liveness
+            .find("/healthz")
+            .map_or(liveness.as_str(), |at| &liveness[..at]);
+        println!("{program} on kactor's embedded Kubernetes API server (--emulator): in this process, in memory");
+        println!("  API server  {}", emulator.url());
+        println!("  kubectl     export KUBECONFIG={}", kubeconfig.display());
+        println!(
+            "  CRDs        {}",
+            self.declared_crds()
+                .iter()
+                .filter_map(|c| c.metadata.name.clone())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        println!("  liveness    {liveness}");
+        println!("  metrics     {base}/metrics");
+        println!("Ctrl-C to stop; nothing is kept.");
+        let result = self
+            .client(client)
+            .standalone()
+            .liveness(&liveness)
+            .run()
+            .await;
+        if let Err(error) = std::fs::remove_file(&kubeconfig) {
+            tracing::debug!(%error, "cannot remove the emulator's kubeconfig");
+        }
+        drop(emulator);
+        result
     }
 
     /// Applies the options of `run` (scope, peering, priority, leader election, liveness), as

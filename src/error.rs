@@ -7,8 +7,11 @@ use kactor_reactor::namespaces::PatternError;
 #[derive(thiserror::Error)]
 pub enum Error {
     /// No credentials were found, or they are unusable.
-    #[error("no usable Kubernetes credentials: {0}; set KUBECONFIG, use ~/.kube/config, or run in a pod with a service account")]
+    #[error("no usable Kubernetes credentials: {0}; set KUBECONFIG, use ~/.kube/config, or run in a pod with a service account (or try the operator without a cluster: --emulator)")]
     Credentials(String),
+    /// `--emulator`: the embedded API server could not start, or take the operator's CRDs.
+    #[error("the embedded API server (--emulator): {0}")]
+    Emulator(String),
     /// Discovery failed (the API is unreachable, or refuses).
     #[error(transparent)]
     Discovery(#[from] DiscoveryError),

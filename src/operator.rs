@@ -815,6 +815,16 @@ impl Operator {
     }
 
     /// What `rbac generate`, `rbac verify` and `crds` read from this operator.
+    /// The CRDs declared with [`Operator::crd`].
+    pub(crate) fn declared_crds(&self) -> &[CustomResourceDefinition] {
+        &self.crds
+    }
+
+    /// Where health and metrics are served, if set.
+    pub(crate) fn liveness_url(&self) -> Option<&str> {
+        self.liveness.as_deref()
+    }
+
     /// Every resource the operator serves: those its handlers name, and those of its object
     /// actors (an actor with no lifecycle method has no handler, and is served all the same).
     pub(crate) fn selectors(&self) -> Vec<Selector> {

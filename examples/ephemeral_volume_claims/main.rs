@@ -20,9 +20,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use clap::builder::BoolishValueParser;
 use clap::parser::ValueSource;
-use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kactor::cli::RunArgs;
 use kactor::emulator::Emulator;
@@ -58,20 +57,9 @@ enum Command {
     Manifests(kactor::cli::Manifests),
 }
 
-/// The options of `run`: kactor's, and the emulator switch.
+/// The options of `run`: kactor's (`--emulator` plays the demo).
 #[derive(clap::Args)]
 struct Run {
-    /// Run on an embedded, in-memory Kubernetes API server and play a short demo. The default
-    /// when no cluster is configured (no KUBECONFIG, no ~/.kube/config, not in a pod).
-    ///
-    /// The emulator binds no volumes, but collects garbage: a PVC goes with its owner.
-    #[arg(
-        long,
-        env = "EVC_EMULATOR",
-        action = ArgAction::SetTrue,
-        value_parser = BoolishValueParser::new(),
-    )]
-    emulator: bool,
     #[command(flatten)]
     args: RunArgs,
 }
@@ -94,7 +82,7 @@ async fn main() -> ExitCode {
         (Some(Command::Run(run)), Some((_, run_matches))) => (run, run_matches),
         (_, _) => (cli.run, &matches),
     };
-    let emulator = run.emulator || !common::cluster_configured();
+    let emulator = run.args.emulator || !common::cluster_configured();
     let mut logging = run.args.log_settings();
     if emulator && run_matches.value_source("log_format") == Some(ValueSource::DefaultValue) {
         // On a terminal, next to the demo's lines, the message alone reads best.
@@ -105,7 +93,7 @@ async fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let result = if emulator {
-        let why = if run.emulator {
+        let why = if run.args.emulator {
             "--emulator"
         } else {
             "no cluster configured: no KUBECONFIG, no ~/.kube/config, not in a pod"

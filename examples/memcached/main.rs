@@ -60,21 +60,9 @@ enum Command {
     Manifests(kactor::cli::Manifests),
 }
 
-/// The options of `run`: kactor's, and the emulator switch.
+/// The options of `run`: kactor's (`--emulator` plays the demo), and the actor switch.
 #[derive(clap::Args)]
 struct Run {
-    /// Run on an embedded, in-memory Kubernetes API server and play a short demo. The default
-    /// when no cluster is configured (no KUBECONFIG, no ~/.kube/config, not in a pod).
-    ///
-    /// The emulator runs no controllers: Deployments make no pods. Logs are in the plain format
-    /// unless --log-format says otherwise.
-    #[arg(
-        long,
-        env = "MEMCACHED_EMULATOR",
-        action = ArgAction::SetTrue,
-        value_parser = BoolishValueParser::new(),
-    )]
-    emulator: bool,
     /// Run the operator written as one actor per Memcached (`actor.rs`) instead of the one written
     /// as handlers (`operator.rs`): the same behaviour, another way to write it.
     #[arg(
@@ -119,7 +107,7 @@ async fn main() -> ExitCode {
         (Some(Command::Run(run)), Some((_, run_matches))) => (run, run_matches),
         (_, _) => (cli.run, &matches),
     };
-    let emulator = run.emulator || !common::cluster_configured();
+    let emulator = run.args.emulator || !common::cluster_configured();
     let mut logging = run.args.log_settings();
     if emulator && run_matches.value_source("log_format") == Some(ValueSource::DefaultValue) {
         // On a terminal, next to the demo's lines, the message alone reads best.
@@ -130,7 +118,7 @@ async fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let result = if emulator {
-        let why = if run.emulator {
+        let why = if run.args.emulator {
             "--emulator"
         } else {
             "no cluster configured: no KUBECONFIG, no ~/.kube/config, not in a pod"
