@@ -111,21 +111,7 @@ impl ObjectActor for MemcachedActor {
         if self.replicas == Some(size) {
             return Ok(Value::Null);
         }
-        let patch = json!({"spec": {"replicas": size}});
-        match deployments_of(ctx.client(), &memcached)
-            .patch(
-                &memcached.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.is_not_found() => {
-                apply_deployment(ctx.client(), &memcached).await?;
-            }
-            Err(error) => return Err(retry("cannot scale the Deployment", error)),
-        }
+        scale_deployment(ctx.client(), &memcached).await?;
         let message = format!(
             "Scaled the Deployment from {} to {size} replicas.",
             self.replicas.map_or("?".to_string(), |r| r.to_string())

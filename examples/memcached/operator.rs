@@ -211,10 +211,20 @@ async fn ensure_deployment(ctx: Ctx, changes: IntCounterVec) -> Result<Value, Ha
 async fn scale(ctx: Ctx, changes: IntCounterVec) -> Result<Value, HandlerError> {
     let memcached = memcached_of(&ctx)?;
     let size = memcached.spec.size;
-    let deployments = deployments_of(ctx.client(), &memcached);
+    scale_deployment(ctx.client(), &memcached).await?;
+    changes.with_label_values(&["scaled"]).inc();
+    let old = ctx.old().map_or_else(|| "?".to_string(), Value::to_string);
+    let message = format!("Scaled the Deployment from {old} to {size} replicas.");
+    ctx.logger().info(&message);
+    ctx.info("Scaled", &message);
+    Ok(json!({"replicas": size}))
+}
+
+/// Gives the Deployment `spec.size` replicas, making it again if someone deleted it.
+async fn scale_deployment(client: kube::Client, memcached: &Memcached) -> Result<(), HandlerError> {
     // A merge patch changes only what it names: the rest of the Deployment stays as it is.
-    let patch = json!({"spec": {"replicas": size}});
-    match deployments
+    let patch = json!({"spec": {"replicas": memcached.spec.size}});
+    match deployments_of(client.clone(), memcached)
         .patch(
             &memcached.name_any(),
             &PatchParams::default(),
@@ -222,19 +232,13 @@ async fn scale(ctx: Ctx, changes: IntCounterVec) -> Result<Value, HandlerError> 
         )
         .await
     {
-        Ok(_) => {}
+        Ok(_) => Ok(()),
         // Someone deleted it: make it again, at the new size.
         Err(kube::Error::Api(status)) if status.is_not_found() => {
-            apply_deployment(ctx.client(), &memcached).await?;
+            apply_deployment(client, memcached).await.map(|_| ())
         }
-        Err(error) => return Err(retry("cannot scale the Deployment", error)),
+        Err(error) => Err(retry("cannot scale the Deployment", error)),
     }
-    changes.with_label_values(&["scaled"]).inc();
-    let old = ctx.old().map_or_else(|| "?".to_string(), Value::to_string);
-    let message = format!("Scaled the Deployment from {old} to {size} replicas.");
-    ctx.logger().info(&message);
-    ctx.info("Scaled", &message);
-    Ok(json!({"replicas": size}))
 }
 
 /// The `Memcached` is being deleted: deletes its Deployment before kactor releases the finalizer.

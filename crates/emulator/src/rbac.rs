@@ -233,16 +233,7 @@ pub(crate) fn self_review(
             name: field("name"),
         };
         if request.verb.is_empty() || request.resource.is_empty() {
-            return Err(ApiError::invalid(
-                "authorization.k8s.io",
-                "SelfSubjectAccessReview",
-                "",
-                vec![crate::status::Cause::new(
-                    "FieldValueRequired",
-                    "spec.resourceAttributes",
-                    "verb and resource are required",
-                )],
-            ));
+            return Err(invalid_review("verb and resource are required"));
         }
         let user = crate::auth::authenticate(authorization, state)?;
         !rbac || user.is_superuser() || Policy::of(state).allows(&user, &request)
@@ -255,15 +246,8 @@ pub(crate) fn self_review(
             || is_open(path)
             || Policy::of(state).allows_path(&user, verb, path)
     } else {
-        return Err(ApiError::invalid(
-            "authorization.k8s.io",
-            "SelfSubjectAccessReview",
-            "",
-            vec![crate::status::Cause::new(
-                "FieldValueRequired",
-                "spec.resourceAttributes",
-                "exactly one of nonResourceAttributes or resourceAttributes must be specified",
-            )],
+        return Err(invalid_review(
+            "exactly one of nonResourceAttributes or resourceAttributes must be specified",
         ));
     };
     review["status"] = if allowed {
@@ -275,6 +259,20 @@ pub(crate) fn self_review(
         review["metadata"] = json!({});
     }
     Ok(review)
+}
+
+/// The 422 of a review without what it asks about.
+fn invalid_review(message: &str) -> ApiError {
+    ApiError::invalid(
+        "authorization.k8s.io",
+        "SelfSubjectAccessReview",
+        "",
+        vec![crate::status::Cause::new(
+            "FieldValueRequired",
+            "spec.resourceAttributes",
+            message.to_string(),
+        )],
+    )
 }
 
 /// Whether a non-resource path is open to every user: discovery, OpenAPI, the version and health.
