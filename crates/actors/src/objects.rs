@@ -941,7 +941,8 @@ async fn run<A: ObjectActor>(
     }
     let reason = loop {
         let Some(envelope) = inbox.recv().await else {
-            // Every sender is gone: the operator itself was dropped.
+            // Cannot happen while this task holds its own handle (`me`); stop as at an exit if it
+            // ever does.
             break StopReason::OperatorExiting;
         };
         shared.queued(-1);
@@ -952,33 +953,10 @@ async fn run<A: ObjectActor>(
                 Box::pin(answer(&mut actor, *call, &me)).await;
             }
             Envelope::Tell(message) => {
-                let started = Instant::now();
-                let handled = AssertUnwindSafe(actor.on_message(message, &me))
-                    .catch_unwind()
-                    .await;
-                let outcome = match handled {
-                    Ok(_) => MessageOutcome::Handled,
-                    Err(panic) => {
-                        let message = panic_message(&panic);
-                        tracing::error!(actor = %name, object = %me.key, "the actor panicked on a message: {message}");
-                        MessageOutcome::Panicked
-                    }
-                };
-                observer.actor_message(&name, outcome, started.elapsed());
+                let _ = handle(&mut actor, message, &me, &*observer).await;
             }
             Envelope::Ask(message, reply) => {
-                let started = Instant::now();
-                let handled = AssertUnwindSafe(actor.on_message(message, &me))
-                    .catch_unwind()
-                    .await
-                    .map_err(|panic| panic_message(&panic));
-                let outcome = if handled.is_ok() {
-                    MessageOutcome::Handled
-                } else {
-                    MessageOutcome::Panicked
-                };
-                observer.actor_message(&name, outcome, started.elapsed());
-                let _ = reply.send(handled);
+                let _ = reply.send(handle(&mut actor, message, &me, &*observer).await);
             }
             Envelope::Stop(reason) => break reason,
         }
@@ -998,6 +976,30 @@ async fn run<A: ObjectActor>(
     }
     observer.actors_changed(&name, -1);
     tracing::debug!(actor = %name, object = %me.key, reason = reason.as_str(), "the actor stopped");
+}
+
+/// Handles one message: its reply, or the message of its panic (logged), timed and counted.
+async fn handle<A: ObjectActor>(
+    actor: &mut A,
+    message: A::Message,
+    me: &ActorRef<A>,
+    observer: &dyn Observer,
+) -> Result<A::Reply, String> {
+    let started = Instant::now();
+    let handled = AssertUnwindSafe(actor.on_message(message, me))
+        .catch_unwind()
+        .await
+        .map_err(|panic| panic_message(&panic));
+    let name = &me.shared.options.name;
+    let outcome = match &handled {
+        Ok(_) => MessageOutcome::Handled,
+        Err(panic) => {
+            tracing::error!(actor = %name, object = %me.key, "the actor panicked on a message: {panic}");
+            MessageOutcome::Panicked
+        }
+    };
+    observer.actor_message(name, outcome, started.elapsed());
+    handled
 }
 
 /// Runs one lifecycle call and sends its result back; a panic is the call's error.
