@@ -241,21 +241,28 @@ async fn permanent_errors_and_panics_fail_for_good_and_other_objects_go_on() {
     let (cluster, widgets) = cluster_with_widgets().await;
     let calls = Calls::default();
     let seen = calls.clone();
-    let running = spawn(operator(&cluster).on_create(
-        "widgets.example.com",
-        On::id("create_fn").errors(ErrorsMode::Permanent),
-        move |ctx: Ctx| {
-            let seen = seen.clone();
-            async move {
-                seen.record(&ctx);
-                match ctx.name() {
-                    "refused" => Err(HandlerError::permanent("size is not allowed")),
-                    "panics" => panic!("a bug in the handler"),
-                    _ => Ok(json!("fine")),
-                }
-            }
-        },
-    ));
+    let running = spawn(
+        operator(&cluster)
+            .settings(|s| s.posting.loggers = true)
+            .on_create(
+                "widgets.example.com",
+                On::id("create_fn").errors(ErrorsMode::Permanent),
+                move |ctx: Ctx| {
+                    let seen = seen.clone();
+                    async move {
+                        seen.record(&ctx);
+                        match ctx.name() {
+                            "refused" => Err(HandlerError::permanent("size is not allowed")),
+                            "panics" => panic!("a bug in the handler"),
+                            _ => {
+                                ctx.logger().warn("a line through the object's logger");
+                                Ok(json!("fine"))
+                            }
+                        }
+                    }
+                },
+            ),
+    );
     for name in ["refused", "panics", "fine"] {
         create(&widgets, name, 1).await;
     }
@@ -282,7 +289,7 @@ async fn permanent_errors_and_panics_fail_for_good_and_other_objects_go_on() {
             calls.all()
         );
     }
-    // The outcomes are posted as Kubernetes Events about the objects.
+    // The outcomes are posted as Kubernetes Events about the objects (`posting.loggers` is on).
     let events: Api<DynamicObject> = Api::namespaced_with(
         cluster.client(),
         "default",
@@ -309,6 +316,7 @@ async fn permanent_errors_and_panics_fail_for_good_and_other_objects_go_on() {
         let has =
             |name: &str, text: &str| messages.iter().any(|(n, m)| n == name && m.contains(text));
         if has("fine", "Handler 'create_fn' succeeded.")
+            && has("fine", "a line through the object's logger")
             && has("refused", "failed permanently: size is not allowed")
             && has("panics", "a bug in the handler")
         {
@@ -320,6 +328,56 @@ async fn permanent_errors_and_panics_fail_for_good_and_other_objects_go_on() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    running.stop().await;
+}
+
+/// By default (Kopf 1.44's `posting.loggers = false`) the outcomes are logged but not posted as
+/// Events; what a handler posts itself is. Each object's events are posted in order, so once the
+/// second handler's own event is there, the first handler's outcome would have been too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_outcomes_are_not_posted_and_a_handlers_own_events_are() {
+    let (cluster, widgets) = cluster_with_widgets().await;
+    let running = spawn(
+        operator(&cluster)
+            .on_create("widgets.example.com", "first", |ctx: Ctx| async move {
+                ctx.info("Creating", "first");
+                ctx.logger().info("a log line, not posted");
+                Ok(json!(1))
+            })
+            .on_create("widgets.example.com", "second", |ctx: Ctx| async move {
+                ctx.info("Creating", "second");
+                Ok(json!(2))
+            }),
+    );
+    create(&widgets, "w1", 1).await;
+    let uid = widgets.get("w1").await.unwrap().metadata.uid;
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(cluster.client(), "default");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let posted = loop {
+        let mut posted: Vec<(String, String)> = events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.involved_object.uid == uid)
+            .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+            .collect();
+        posted.sort();
+        if posted.iter().any(|(_, m)| m == "second") {
+            break posted;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "events: {posted:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        posted,
+        [
+            ("Creating".to_string(), "first".to_string()),
+            ("Creating".to_string(), "second".to_string())
+        ]
+    );
     running.stop().await;
 }
 

@@ -68,7 +68,7 @@ impl Denials {
 }
 
 /// The handlers of the operator under test: creation, update and deletion (with the finalizer) and
-/// a timer on widgets; Kubernetes Events are posted about each of them (posting is on by default).
+/// a timer on widgets; Kubernetes Events are posted about each of them (with `posting.loggers` on).
 fn handlers(operator: Operator) -> Operator {
     let widgets = ("example.com", "v1", "widgets");
     operator
@@ -204,6 +204,8 @@ async fn operator(cluster: &TestCluster, args: &RbacArgs, denials: &Arc<Denials>
             s.watching.reconnect_backoff = Duration::from_millis(10);
             s.networking.error_backoffs = vec![Duration::from_millis(20); 3];
             s.posting.default_backoffs = vec![Duration::from_millis(20); 2];
+            // The handlers' outcomes are posted too (Kopf's `posting.loggers`, off by default).
+            s.posting.loggers = true;
             s.queueing.exit_timeout = Duration::from_millis(500);
             // The timer's status patches race the handlers' own patches, after which kactor waits
             // for its own version to come back through the watch: not 5 s here.

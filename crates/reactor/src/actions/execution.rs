@@ -85,19 +85,20 @@ async fn attempt(
     runtime: Duration,
 ) -> (Outcome, Verdict) {
     let title = format!("Handler '{}'", handler.id);
-    // Logged, and for changing handlers posted as a Kubernetes Event about the object.
+    // Logged, and for changing handlers posted as a Kubernetes Event about the object when
+    // `posting.loggers` is on (Kopf's object logger with its `K8sPoster`).
     let report = |error: bool, message: &str| {
-        if error {
+        if handler.post_events {
+            let logger = ctx.logger();
+            if error {
+                logger.error(message);
+            } else {
+                logger.info(message);
+            }
+        } else if error {
             tracing::error!(handler = handler.id, "{message}");
         } else {
             tracing::info!(handler = handler.id, "{message}");
-        }
-        if handler.post_events {
-            if error {
-                ctx.exception("Logging", message);
-            } else {
-                ctx.info("Logging", message);
-            }
         }
     };
     if let Some(message) = exhausted(handler, &title, attempts, runtime) {

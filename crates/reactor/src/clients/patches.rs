@@ -26,8 +26,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kube::api::{Api, DynamicObject, Patch as KubePatch, PatchParams};
-use serde_json::{Map, Value};
+use kube::api::{Api, DynamicObject, ObjectMeta, Patch as KubePatch, PatchParams};
+use serde_json::{json, Map, Value};
 
 use crate::structs::resources::Resource;
 
@@ -430,11 +430,7 @@ pub fn is_conflict(error: &kube::Error) -> bool {
 /// structural schema, typically a status without `x-kubernetes-preserve-unknown-fields`), as Kopf
 /// does; empty labels, annotations and finalizers are dropped by the API server and not reported.
 fn warn_inconsistencies(patch: &Value, response: &DynamicObject) {
-    let Ok(actual) = serde_json::to_value(response) else {
-        return;
-    };
-    let mut missing = Vec::new();
-    compare(patch, Some(&actual), &mut Vec::new(), &mut missing);
+    let missing = inconsistencies(patch, response);
     if !missing.is_empty() {
         tracing::warn!(
             fields = %missing.join(", "),
@@ -442,6 +438,70 @@ fn warn_inconsistencies(patch: &Value, response: &DynamicObject) {
             missing.join(", ")
         );
     }
+}
+
+/// The dotted paths of the patch's fields that the response does not carry as sent.
+fn inconsistencies(patch: &Value, response: &DynamicObject) -> Vec<String> {
+    let Value::Object(fields) = patch else {
+        return Vec::new();
+    };
+    // Each patched field is compared with the response's field, taken from the typed object: the
+    // response is never encoded whole (its managedFields and the diff-base are most of it).
+    let mut missing = Vec::new();
+    let mut path = Vec::new();
+    for (key, expected) in fields {
+        path.push(key.clone());
+        match key.as_str() {
+            "metadata" => {
+                let actual = patched_metadata(&response.metadata, expected);
+                compare(expected, actual.as_ref(), &mut path, &mut missing);
+            }
+            "apiVersion" | "kind" => {
+                let actual = serde_json::to_value(&response.types).ok();
+                let actual = actual.as_ref().and_then(|types| types.get(key));
+                compare(expected, actual, &mut path, &mut missing);
+            }
+            _ => compare(expected, response.data.get(key), &mut path, &mut missing),
+        }
+        path.pop();
+    }
+    missing
+}
+
+/// The response's metadata as JSON, as far as a patch's `metadata` needs it: of the labels and
+/// annotations, only the keys patched; anything beyond labels, annotations and finalizers takes
+/// the whole metadata.
+fn patched_metadata(metadata: &ObjectMeta, expected: &Value) -> Option<Value> {
+    let Value::Object(wanted) = expected else {
+        return serde_json::to_value(metadata).ok();
+    };
+    let mut actual = Map::new();
+    for (key, wanted) in wanted {
+        let map = match key.as_str() {
+            "labels" => metadata.labels.as_ref(),
+            "annotations" => metadata.annotations.as_ref(),
+            "finalizers" => {
+                if let Some(finalizers) = &metadata.finalizers {
+                    actual.insert(key.clone(), json!(finalizers));
+                }
+                continue;
+            }
+            _ => return serde_json::to_value(metadata).ok(),
+        };
+        let Some(map) = map else { continue };
+        let picked: Map<String, Value> = match wanted {
+            Value::Object(keys) => keys
+                .keys()
+                .filter_map(|k| map.get(k).map(|v| (k.clone(), Value::String(v.clone()))))
+                .collect(),
+            _ => map
+                .iter()
+                .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+                .collect(),
+        };
+        actual.insert(key.clone(), Value::Object(picked));
+    }
+    Some(Value::Object(actual))
 }
 
 fn compare(
@@ -543,14 +603,43 @@ mod tests {
             "metadata": {"name": "a"}, "status": {"kept": 1}
         }))
         .unwrap();
-        let mut out = Vec::new();
-        let actual = serde_json::to_value(&response).unwrap();
-        compare(
-            &json!({"status": {"kept": 1, "pruned": 2}, "metadata": {"finalizers": [], "labels": {}}}),
-            Some(&actual),
-            &mut Vec::new(),
-            &mut out,
+        assert_eq!(
+            inconsistencies(
+                &json!({"status": {"kept": 1, "pruned": 2},
+                        "metadata": {"finalizers": [], "labels": {}}}),
+                &response
+            ),
+            vec!["status.pruned".to_string()]
         );
-        assert_eq!(out, vec!["status.pruned".to_string()]);
+    }
+
+    #[test]
+    fn inconsistencies_compare_each_patched_field_with_the_typed_response() {
+        let response: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "example.com/v1", "kind": "Widget",
+            "metadata": {"name": "a", "generation": 3, "finalizers": ["f"],
+                         "labels": {"l": "1"},
+                         "annotations": {"kept": "v", "other": "big"}},
+            "spec": {"size": 2, "list": [1]}, "status": {"done": true}
+        }))
+        .unwrap();
+        let patch = json!({
+            "apiVersion": "example.com/v1",
+            "metadata": {"annotations": {"kept": "v", "lost": "w", "gone": null},
+                         "labels": {"l": "2"}, "finalizers": ["f"], "generation": 3},
+            "spec": {"size": 2, "list": [1, 2], "nested": {"x": 1}},
+            "status": {"done": true, "cleared": null},
+        });
+        assert_eq!(
+            inconsistencies(&patch, &response),
+            [
+                "metadata.annotations.lost",
+                "metadata.labels.l",
+                "spec.list",
+                "spec.nested.x"
+            ]
+        );
+        let patch = json!({"metadata": {"uid": "u"}, "kind": "Gadget"});
+        assert_eq!(inconsistencies(&patch, &response), ["kind", "metadata.uid"]);
     }
 }

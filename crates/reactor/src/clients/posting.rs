@@ -137,6 +137,8 @@ enum Call {
     Info,
     Warn,
     Exception,
+    /// A log line of the object's (Kopf's `K8sPoster` logging handler), at its severity.
+    Log(Level),
 }
 
 impl Call {
@@ -147,6 +149,7 @@ impl Call {
             // Kopf's `warn` checks only the level; kept so that settings mean the same in both.
             Call::Warn => settings.level <= Level::Warning,
             Call::Exception => settings.enabled && settings.level <= Level::Error,
+            Call::Log(level) => settings.enabled && settings.loggers && settings.level <= level,
         }
     }
 }
@@ -284,6 +287,20 @@ impl EventPoster {
             format!("{message} {error}")
         };
         self.enqueue(Call::Exception, object, "Error", reason, &message);
+    }
+
+    /// Queues a log line of the object's as an event (Kopf's `K8sPoster`): reason `Logging`, the
+    /// type by severity (`Debug`, `Normal`, `Warning`, `Error`, `Fatal`); posted if enabled,
+    /// [`PostingSettings::loggers`] is on and the level is at least [`PostingSettings::level`].
+    pub fn log(&self, object: &ObjectRef, level: Level, message: &str) {
+        let type_ = match level {
+            Level::Debug => "Debug",
+            Level::Info => "Normal",
+            Level::Warning => "Warning",
+            Level::Error => "Error",
+            Level::Critical => "Fatal",
+        };
+        self.enqueue(Call::Log(level), object, type_, "Logging", message);
     }
 
     fn enqueue(&self, call: Call, object: &ObjectRef, type_: &str, reason: &str, message: &str) {
@@ -738,6 +755,35 @@ mod tests {
         assert!(Call::Exception.admitted(&errors_only));
         assert!(Call::Event.admitted(&at(true, Level::Critical)));
         assert!(!Call::Exception.admitted(&at(true, Level::Critical)));
+    }
+
+    #[test]
+    fn admits_log_lines_only_with_loggers_on_from_the_level_up() {
+        let defaults = PostingSettings::default();
+        for level in [Level::Debug, Level::Info, Level::Error, Level::Critical] {
+            assert!(
+                !Call::Log(level).admitted(&defaults),
+                "Kopf 1.44 posts no log lines by default ({level:?})"
+            );
+        }
+        let loggers = PostingSettings {
+            loggers: true,
+            ..Default::default()
+        };
+        assert!(!Call::Log(Level::Debug).admitted(&loggers));
+        assert!(Call::Log(Level::Info).admitted(&loggers));
+        assert!(Call::Log(Level::Critical).admitted(&loggers));
+        let warnings = PostingSettings {
+            level: Level::Warning,
+            ..loggers.clone()
+        };
+        assert!(!Call::Log(Level::Info).admitted(&warnings));
+        assert!(Call::Log(Level::Warning).admitted(&warnings));
+        let disabled = PostingSettings {
+            enabled: false,
+            ..loggers
+        };
+        assert!(!Call::Log(Level::Error).admitted(&disabled));
     }
 
     #[test]

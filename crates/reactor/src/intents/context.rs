@@ -20,7 +20,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use crate::clients::patches::Patch;
-use crate::clients::posting::{EventPoster, ObjectRef};
+use crate::clients::posting::{EventPoster, Level, ObjectRef};
 use crate::structs::causes::{ChangingCause, Reason};
 use crate::structs::diffs::Diff;
 use crate::structs::names::EventType;
@@ -463,7 +463,10 @@ impl Ctx {
 
     /// A logger for this object: its lines carry the object and the handler.
     pub fn logger(&self) -> Logger<'_> {
-        Logger { id: self.id() }
+        Logger {
+            id: self.id(),
+            events: self.events.as_deref(),
+        }
     }
 
     /// Posts a `Normal` Kubernetes Event about the object (never fails the handler).
@@ -509,27 +512,44 @@ fn empty_diff() -> &'static Diff {
 /// A handler's logger: lines go through `tracing` inside the object's span, with the handler's id.
 pub struct Logger<'a> {
     id: &'a str,
+    events: Option<&'a EventSink>,
 }
 
 impl Logger<'_> {
     /// Logs at debug level.
     pub fn debug(&self, message: impl fmt::Display) {
+        let message = message.to_string();
         tracing::debug!(handler = self.id, "{message}");
+        self.post(Level::Debug, &message);
     }
 
     /// Logs at info level.
     pub fn info(&self, message: impl fmt::Display) {
+        let message = message.to_string();
         tracing::info!(handler = self.id, "{message}");
+        self.post(Level::Info, &message);
     }
 
     /// Logs at warn level.
     pub fn warn(&self, message: impl fmt::Display) {
+        let message = message.to_string();
         tracing::warn!(handler = self.id, "{message}");
+        self.post(Level::Warning, &message);
     }
 
     /// Logs at error level.
     pub fn error(&self, message: impl fmt::Display) {
+        let message = message.to_string();
         tracing::error!(handler = self.id, "{message}");
+        self.post(Level::Error, &message);
+    }
+
+    /// Posts the line as an Event about the object when `posting.loggers` is on (Kopf's
+    /// `K8sPoster`); the poster checks the settings.
+    fn post(&self, level: Level, message: &str) {
+        if let Some(sink) = self.events {
+            sink.poster.log(&sink.object, level, message);
+        }
     }
 }
 

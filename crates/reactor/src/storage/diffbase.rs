@@ -77,36 +77,45 @@ impl DiffBaseStorage {
     /// **Assumption:** the progress storage uses the same prefix and the default status field, as
     /// Kopf's defaults do.
     pub fn essence(&self, body: &DynamicObject, extra_fields: &[Vec<String>]) -> Value {
-        let body = match serde_json::to_value(body) {
-            Ok(value @ Value::Object(_)) => value,
-            _ => Value::Object(Map::new()),
+        // Built from the typed object's parts rather than from the whole object as JSON: the
+        // metadata Kopf drops (managedFields above all) is never encoded, and the annotations
+        // dropped below (the diff-base itself among them) are never copied.
+        let mut essence: Map<String, Value> = match &body.data {
+            Value::Object(data) => data
+                .iter()
+                .filter(|(key, _)| {
+                    !matches!(key.as_str(), "apiVersion" | "kind" | "metadata" | "status")
+                })
+                .map(|(key, value)| (key.clone(), value.clone()))
+                .collect(),
+            _ => Map::new(),
         };
-        let mut essence = body.clone();
-        if let Some(object) = essence.as_object_mut() {
-            for key in ["apiVersion", "kind", "metadata", "status"] {
-                object.remove(key);
+        let mut metadata = Map::new();
+        if let Some(labels) = &body.metadata.labels {
+            metadata.insert("labels".to_string(), string_map(labels.iter()));
+        }
+        if let Some(annotations) = &body.metadata.annotations {
+            let mut ignored = marked_prefixes(annotations.keys().map(String::as_str));
+            ignored.push(&self.keys.prefix);
+            let kept = annotations.iter().filter(|(key, _)| {
+                key.as_str() != KUBECTL_LAST_APPLIED
+                    && !ignored.iter().any(|prefix| {
+                        key.strip_prefix(prefix)
+                            .is_some_and(|name| name.starts_with('/'))
+                    })
+            });
+            metadata.insert("annotations".to_string(), string_map(kept));
+        }
+        if !metadata.is_empty() {
+            essence.insert("metadata".to_string(), Value::Object(metadata));
+        }
+        let mut essence = Value::Object(essence);
+
+        if !extra_fields.is_empty() {
+            if let Ok(body @ Value::Object(_)) = serde_json::to_value(body) {
+                cherrypick(&body, &mut essence, extra_fields);
             }
         }
-        cherrypick(
-            &body,
-            &mut essence,
-            &[
-                field(&["metadata", "labels"]),
-                field(&["metadata", "annotations"]),
-            ],
-        );
-
-        if let Some(annotations) = annotations_mut(&mut essence) {
-            let ignored: Vec<String> = marked_prefixes(annotations.keys().map(String::as_str))
-                .into_iter()
-                .map(|prefix| format!("{prefix}/"))
-                .collect();
-            annotations.retain(|key, _| {
-                key != KUBECTL_LAST_APPLIED && !ignored.iter().any(|p| key.starts_with(p.as_str()))
-            });
-        }
-
-        cherrypick(&body, &mut essence, extra_fields);
         remove_empty_stanzas(&mut essence);
 
         // What the diff-base storage's `build` adds: its own keys.
@@ -235,6 +244,15 @@ impl DiffBaseStorage {
 
 fn field(parts: &[&str]) -> Vec<String> {
     parts.iter().map(|part| part.to_string()).collect()
+}
+
+/// Labels or annotations as a JSON object.
+fn string_map<'a>(entries: impl Iterator<Item = (&'a String, &'a String)>) -> Value {
+    Value::Object(
+        entries
+            .map(|(key, value)| (key.clone(), Value::String(value.clone())))
+            .collect(),
+    )
 }
 
 fn annotations_mut(essence: &mut Value) -> Option<&mut Map<String, Value>> {
@@ -427,6 +445,37 @@ mod tests {
         assert_eq!(
             storage.essence(&body, &[field(&["status", "kopf"])]),
             json!({})
+        );
+    }
+
+    #[test]
+    fn essence_leaves_out_server_metadata_and_its_own_records() {
+        let body = object(json!({
+            "apiVersion": "v1", "kind": "Thing",
+            "metadata": {"name": "n", "uid": "u", "resourceVersion": "7", "generation": 2,
+                         "finalizers": ["f"], "ownerReferences": [],
+                         "managedFields": [{"manager": "m", "operation": "Update",
+                                            "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}}}],
+                         "labels": {},
+                         "annotations": {
+                             "my-op.example.com/last-handled-configuration": "{\"spec\":{}}\n",
+                             "my-op.example.com/fn": "{}", "my-op.example.comx/y": "z"}},
+            "spec": {"x": [1, 2]}, "other": "top",
+        }));
+        let storage = DiffBaseStorage {
+            keys: KeyForming::new("my-op.example.com").unwrap(),
+            ..Default::default()
+        };
+        assert_eq!(
+            storage.essence(&body, &[]),
+            json!({"spec": {"x": [1, 2]}, "other": "top",
+                   "metadata": {"annotations": {"my-op.example.comx/y": "z"}}})
+        );
+        // An extra field is copied back from the whole object, metadata included.
+        assert_eq!(
+            storage.essence(&body, &[field(&["metadata", "generation"])]),
+            json!({"spec": {"x": [1, 2]}, "other": "top",
+                   "metadata": {"generation": 2, "annotations": {"my-op.example.comx/y": "z"}}})
         );
     }
 

@@ -100,6 +100,9 @@ impl KeyForming {
     /// All full keys of a name, in the order to read them: V2 first, then V1 if `v1` is on and it
     /// differs from V2.
     pub fn keys(&self, name: &str) -> Vec<String> {
+        if let Some(key) = self.plain(name) {
+            return vec![key];
+        }
         let v2 = self.v2(name);
         let mut keys = vec![v2];
         if self.v1 {
@@ -109,6 +112,36 @@ impl KeyForming {
             }
         }
         keys
+    }
+
+    /// The one key of a name that neither V1 nor V2 changes (no character to replace, short enough
+    /// for both limits): `<prefix>/<name>`, formed without the two versions' intermediate strings.
+    /// Handler ids and the storages' own names are nearly always such names, and their keys are
+    /// formed several times per object and cycle.
+    fn plain(&self, name: &str) -> Option<String> {
+        let replaced = |b: &u8| matches!(b, b'/' | b'<' | b'>');
+        if !name.is_ascii() || name.as_bytes().iter().any(replaced) {
+            return None;
+        }
+        let prefix = if self.prefix.is_empty() {
+            0
+        } else {
+            char_len(&self.prefix) + 1
+        };
+        // V1's room may be negative with a prefix over 62 characters (then V1 hashes even "").
+        let limit = if self.v1 {
+            MAX_NAME_LENGTH as isize - prefix as isize
+        } else {
+            MAX_NAME_LENGTH as isize
+        };
+        if name.len() as isize > limit {
+            return None;
+        }
+        Some(if self.prefix.is_empty() {
+            name.to_string()
+        } else {
+            format!("{}/{name}", self.prefix)
+        })
     }
 
     /// The V2 key of a name: the name part limited to 63 characters.
@@ -166,7 +199,9 @@ pub(crate) fn marked_prefixes<'a>(keys: impl IntoIterator<Item = &'a str>) -> Ve
         .filter(|(prefix, name)| {
             *name == MARKER_NAME
                 || *prefix == DEFAULT_PREFIX
-                || prefix.ends_with(&format!(".{DEFAULT_PREFIX}"))
+                || prefix
+                    .strip_suffix(DEFAULT_PREFIX)
+                    .is_some_and(|head| head.ends_with('.'))
         })
         .map(|(prefix, _)| prefix)
         .collect();
@@ -244,6 +279,44 @@ mod tests {
             keys.v2(&name),
             format!("kopf.zalando.org/{}-SItAqA", "x".repeat(56))
         );
+    }
+
+    #[test]
+    fn plain_names_get_the_keys_both_versions_form() {
+        let prefixes = [
+            "kopf.zalando.org",
+            "my-op.example.com",
+            &"p".repeat(62),
+            &"p".repeat(63),
+            &"p".repeat(70),
+        ];
+        let names = [
+            "create_fn".to_string(),
+            "create_fn/item1".to_string(),
+            "a<b>c".to_string(),
+            "ünï".to_string(),
+            "x".repeat(44),
+            "x".repeat(45),
+            "x".repeat(46),
+            "x".repeat(63),
+            "x".repeat(64),
+            String::new(),
+        ];
+        for prefix in prefixes {
+            for v1 in [true, false] {
+                let keys = KeyForming {
+                    prefix: prefix.to_string(),
+                    v1,
+                };
+                for name in &names {
+                    let mut slow = vec![keys.v2(name)];
+                    if v1 && keys.v1(name) != slow[0] {
+                        slow.push(keys.v1(name));
+                    }
+                    assert_eq!(keys.keys(name), slow, "{prefix} {name} v1={v1}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -223,6 +223,14 @@ pub struct PostingSettings {
     /// Whether events are posted at all (Kopf: true). As in Kopf, [`EventPoster::warn`](crate::clients::posting::EventPoster::warn) does not
     /// look at it, only at [`PostingSettings::level`].
     pub enabled: bool,
+    /// Whether the object's log lines are posted as Events too (Kopf's `posting.loggers`; Kopf:
+    /// `false` since 1.44): the outcomes of handlers (`Handler 'fn' succeeded.`, `... failed
+    /// temporarily: ...`) and what handlers log through [`Ctx::logger`](crate::intents::context::Ctx::logger),
+    /// with the reason `Logging` and the type by severity (`Debug`, `Normal`, `Warning`, `Error`,
+    /// `Fatal`), from [`PostingSettings::level`] up. Off, an operator makes no request beyond its
+    /// own patches per handled change; on, one more per outcome, as Kopf before 1.44 did. The
+    /// events a handler posts itself (`ctx.info`, `ctx.warn`, ...) are posted either way.
+    pub loggers: bool,
     /// The least severity posted (Kopf: `logging.INFO`, so everything).
     pub level: Level,
     /// The delays between retries of a failing post (Kopf's `default_backoffs`: 1, 1, 2, 3, 5, 8, 13,
@@ -248,6 +256,7 @@ impl Default for PostingSettings {
     fn default() -> Self {
         PostingSettings {
             enabled: true,
+            loggers: false,
             level: Level::Info,
             default_backoffs: [1, 1, 2, 3, 5, 8, 13, 21]
                 .into_iter()
