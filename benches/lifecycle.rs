@@ -360,10 +360,28 @@ struct Figures {
     written: (Value, Value),
 }
 
+/// Waits until the process is idle (under a tenth of a core for 100 ms, at most 10 s): the previous
+/// contender's emulator frees its objects and history after its last connection closes, and that
+/// must not be counted against the next contender.
+async fn settle() {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut before = cpu_seconds();
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = cpu_seconds();
+        if now - before < 0.01 {
+            return;
+        }
+        before = now;
+    }
+}
+
 async fn measure(contender: Contender, objects: usize) -> Figures {
+    settle().await;
     let (emulator, widgets) = new_emulator(objects).await;
     let detector = detect(widgets.clone(), objects);
     detector.listed.await.expect("the completion watcher lists");
+    settle().await;
     let (requests_before, heap_before) = (support::requests_now(), support::live_bytes());
 
     RECONCILE_ERRORS.store(0, Ordering::Relaxed);
@@ -443,8 +461,8 @@ fn print_row(figures: &Figures, floor: Duration, objects: usize) {
 }
 
 async fn run_all(objects: usize) -> Vec<Figures> {
-    // `KACTOR_BENCH_ONLY=kactor` (or any part of a contender's name) runs the bare loop at 256 and
-    // the matching contenders only: for profiling one of them.
+    // `KACTOR_BENCH_ONLY=kactor` (a contender's name as printed) runs the bare loop at 256 and that
+    // contender only: for profiling it.
     let only = std::env::var("KACTOR_BENCH_ONLY").ok();
     let mut contenders: Vec<Contender> = BARE_CONCURRENCIES.map(Contender::Bare).to_vec();
     contenders.extend([
@@ -457,7 +475,7 @@ async fn run_all(objects: usize) -> Vec<Figures> {
     for contender in contenders {
         let wanted = match (&only, contender) {
             (None, _) | (Some(_), Contender::Bare(256)) => true,
-            (Some(only), contender) => contender.to_string().contains(only.as_str()),
+            (Some(only), contender) => contender.to_string() == *only,
         };
         if wanted {
             all.push(measure(contender, objects).await);

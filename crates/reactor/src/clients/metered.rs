@@ -109,7 +109,17 @@ impl tower_service::Service<http::Request<Body>> for Sender {
 /// watched, created into or deleted as a whole; a named object is got, updated, patched or deleted.
 /// Discovery (`/api`, `/apis`, `/apis/<group>/<version>`) counts as `get`.
 pub fn verb(method: &http::Method, path: &str, query: &str) -> &'static str {
-    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    // On every request: the segments go into an array, not a vector. The longest path the API
+    // has is eight segments (`/apis/<group>/<version>/namespaces/<ns>/<plural>/<name>/<sub>`).
+    let mut buffer = [""; 8];
+    let mut count = 0;
+    for segment in path.split('/').filter(|s| !s.is_empty()) {
+        if let Some(slot) = buffer.get_mut(count) {
+            *slot = segment;
+        }
+        count += 1;
+    }
+    let segments = &buffer[..count.min(buffer.len())];
     let rest = match segments.first() {
         Some(&"api") => segments.get(2..),
         Some(&"apis") => segments.get(3..),
@@ -117,13 +127,16 @@ pub fn verb(method: &http::Method, path: &str, query: &str) -> &'static str {
     }
     .unwrap_or(&[]);
     // `namespaces/<ns>/<plural>...` is scoped; `namespaces[/<name>[/<sub>]]` is the namespaces.
+    // What counts is how many segments follow: the plural, then the name and subresource.
     let rest = match rest {
-        ["namespaces", _, plural, more @ ..] => {
-            let mut all = vec![*plural];
-            all.extend_from_slice(more);
-            all
-        }
-        other => other.to_vec(),
+        ["namespaces", _, more @ ..] if !more.is_empty() => more,
+        other => other,
+    };
+    // A path deeper than any of the API's is taken as a named object's (a name and more).
+    let rest = if count > buffer.len() {
+        &["<plural>", "<name>"][..]
+    } else {
+        rest
     };
     let collection = rest.len() <= 1;
     let watching = query

@@ -137,11 +137,13 @@ impl KeyForming {
         if name.len() as isize > limit {
             return None;
         }
-        Some(if self.prefix.is_empty() {
-            name.to_string()
-        } else {
-            format!("{}/{name}", self.prefix)
-        })
+        let mut key = String::with_capacity(self.prefix.len() + 1 + name.len());
+        if !self.prefix.is_empty() {
+            key.push_str(&self.prefix);
+            key.push('/');
+        }
+        key.push_str(name);
+        Some(key)
     }
 
     /// The V2 key of a name: the name part limited to 63 characters.
