@@ -720,6 +720,48 @@ async fn our_own_patch_seen_during_the_cycle_counts_as_consistent() {
 mod emulator_only {
     use super::*;
 
+    /// The watch stream lags behind our own patches by more than `consistency_timeout` and the idle
+    /// timeout, as it does when an operator works through a listing of 100,000 objects: the event of
+    /// our first request (the result written, the diff-base not yet) arrives after the wait is over,
+    /// for a new worker. It is a state we superseded ourselves, and the handler does not run again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lagging_stream_does_not_rerun_handlers_on_our_own_intermediate_version() {
+        let (cluster, widgets) = cluster_with_widgets().await;
+        create(&widgets, "w1", 1).await;
+        // The listing is a request, not a watch: the object is handled, and its events held back.
+        cluster
+            .faults()
+            .silence_watches(kactor::emulator::Matcher::any().resource("widgets"));
+        let calls = Calls::default();
+        let seen = calls.clone();
+        let running = spawn(
+            operator(&cluster)
+                .settings(|s| {
+                    s.persistence.consistency_timeout = Duration::from_millis(200);
+                    // The worker idles out before the events come: the next one must know them.
+                    s.queueing.idle_timeout = Duration::from_millis(100);
+                })
+                .on_create("widgets.example.com", "create_fn", move |ctx: Ctx| {
+                    let seen = seen.clone();
+                    async move {
+                        seen.record(&ctx);
+                        Ok(json!("done"))
+                    }
+                }),
+        );
+        until(&widgets, "w1", "the result and the diff-base", |o| {
+            o.is_some_and(|o| diff_base(o).is_some() && status(o)["create_fn"] == json!("done"))
+        })
+        .await;
+        // Well past the consistency timeout, the held-back events arrive: the status patch's
+        // version first (no diff-base yet), then the object patch's.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        cluster.faults().reset();
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        assert_eq!(calls.count("create_fn", "w1"), 1, "{:?}", calls.all());
+        running.stop().await;
+    }
+
     /// The API fails every patch for a while: the object is throttled and handled once the API is
     /// back; other objects are not held up meanwhile.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

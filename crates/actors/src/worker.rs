@@ -195,6 +195,10 @@ pub struct ObjectWorker {
     error: Option<ProcessingError>,
     /// The version our last patch produced, not yet seen in the watch, and until when to wait for it.
     expected: Option<(String, Instant)>,
+    /// The versions the last cycle's earlier requests produced: their events bring states older
+    /// than ours, whose handlers may look undone (the result is written before the diff-base), so
+    /// they are skipped. The version they led to follows in the stream (or a listing brings it).
+    superseded: Vec<String>,
     /// The object's daemons and timers (made on the first event, when the resource has any).
     daemons: Option<ObjectDaemons>,
     /// The last daemon holding the finalizer stopped during a cycle: run the cycle again after it.
@@ -208,9 +212,10 @@ impl ObjectWorker {
         key: Arc<str>,
         number: u64,
         memo: Memo,
-        memory: ObjectMemory,
+        mut memory: ObjectMemory,
         shared: Arc<WorkerShared>,
     ) -> Self {
+        let superseded = std::mem::take(&mut memory.superseded);
         ObjectWorker {
             key,
             number,
@@ -227,6 +232,7 @@ impl ObjectWorker {
             throttle_step: 0,
             error: None,
             expected: None,
+            superseded,
             daemons: None,
             recheck: false,
         }
@@ -458,6 +464,16 @@ impl ObjectWorker {
             .spawn(&self.shared.runtime, touch.instrument(span));
     }
 
+    /// Whether the event brings a version that one of our own later requests superseded.
+    fn is_superseded(&self, event: &Deliver) -> bool {
+        event
+            .body
+            .metadata
+            .resource_version
+            .as_deref()
+            .is_some_and(|rv| self.superseded.iter().any(|v| v == rv))
+    }
+
     /// A task runs: what arrives meanwhile may be our own patch's version.
     fn busy(&self) -> bool {
         matches!(
@@ -484,6 +500,7 @@ impl Actor for ObjectWorker {
             if let Some(daemons) = &self.daemons {
                 memory.forever_stopped = daemons.excluded();
             }
+            memory.superseded = std::mem::take(&mut self.superseded);
             self.shared.returns.do_send(Returned {
                 key: self.key.clone(),
                 number: self.number,
@@ -497,10 +514,21 @@ impl Handler<Deliver> for ObjectWorker {
     type Result = ();
 
     fn handle(&mut self, event: Deliver, ctx: &mut Context<Self>) {
+        if self.is_superseded(&event) {
+            // Each version comes once: forgotten when seen.
+            let rv = event.body.metadata.resource_version.as_deref();
+            self.superseded.retain(|v| Some(v.as_str()) != rv);
+            // Seen, so that the supervisor may still let the worker idle out.
+            self.last_seq = self.last_seq.max(event.seq);
+            tracing::debug!(object = %self.key, "An event of our own patch's intermediate version is skipped; the version it led to follows.");
+            return;
+        }
         self.observe(&event, ctx);
         if let Some((expected, _)) = &self.expected {
             if event.body.metadata.resource_version.as_deref() == Some(expected.as_str()) {
                 self.expected = None;
+                // The stream is past our earlier versions: any not seen never come.
+                self.superseded = Vec::new();
             }
         }
         if self.busy() {
@@ -528,9 +556,15 @@ impl Handler<CycleDone> for ObjectWorker {
                     Written::Unversioned => self.expect(None),
                     Written::Nothing | Written::Gone => {}
                 }
+                self.superseded = cycle.superseded;
+                if self.pending.as_ref().is_some_and(|p| self.is_superseded(p)) {
+                    self.pending = None;
+                }
                 Some(cycle.next)
             }
             Err(error) => {
+                // What was written is unknown: the next event is taken as it comes.
+                self.superseded.clear();
                 self.error = Some(error);
                 None
             }

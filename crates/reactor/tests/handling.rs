@@ -329,6 +329,7 @@ mod emulator_only {
             Cycle {
                 written: Written::Nothing,
                 next: Next::AwaitOwnPatch,
+                ..Default::default()
             }
         );
         assert!(seen.take().is_empty());
@@ -376,6 +377,7 @@ mod emulator_only {
             Cycle {
                 written: Written::Nothing,
                 next: Next::RetryAfter(Duration::from_secs(5)),
+                ..Default::default()
             }
         );
         assert!(seen.take().is_empty());
@@ -588,6 +590,7 @@ mod emulator_only {
             Cycle {
                 written: Written::Nothing,
                 next: Next::AwaitDaemons,
+                ..Default::default()
             }
         );
         assert!(finalized(&handling.get().await.unwrap()));

@@ -159,6 +159,10 @@ pub struct ObjectMemory {
     /// The essence the cause in progress started from, while it spans several cycles (also kept on
     /// the object, [`crate::storage::diffbase::CAUSE_BASE_KEY`], for a restart): the diff-base it leaves.
     pub cause_base: Option<(Reason, Value)>,
+    /// The versions our own earlier requests made that a later one superseded, while their events
+    /// have not come back (see [`Cycle::superseded`]). Kept here by the worker when it stops: on a
+    /// stream lagging behind by more than the idle timeout, they arrive for the next worker.
+    pub superseded: Vec<String>,
 }
 
 /// One cycle's input.
@@ -289,6 +293,10 @@ pub struct Cycle {
     pub written: Written,
     /// What comes next for the object.
     pub next: Next,
+    /// The versions the cycle's earlier requests made (each request makes one; a cycle sends up to
+    /// three): their events carry states older than [`Written::Version`], and the worker skips
+    /// them instead of running handlers on them once the consistency timeout has passed.
+    pub superseded: Vec<String>,
 }
 
 impl Default for Cycle {
@@ -296,6 +304,7 @@ impl Default for Cycle {
         Cycle {
             written: Written::Nothing,
             next: Next::Idle,
+            superseded: Vec::new(),
         }
     }
 }
@@ -446,10 +455,11 @@ impl Processor {
         if object.deleted {
             return Ok(Cycle::default());
         }
-        let written = self.apply_patch(&event.body, &patch, memory).await?;
+        let (written, superseded) = self.apply_patch(&event.body, &patch, memory).await?;
         Ok(Cycle {
             next: next_step(&written, &changing, awaiting_daemons),
             written,
+            superseded,
         })
     }
 
@@ -617,15 +627,16 @@ impl Processor {
 
     /// Kopf's `apply_reaction_outcomes`: everything the cycle gathered goes out as one combined
     /// patch per target ([`patches::apply`]: the results first, then the progress and the
-    /// diff-base), minus the touch annotation of an earlier sleep. Returns what it wrote.
+    /// diff-base), minus the touch annotation of an earlier sleep. Returns what it wrote, and the
+    /// versions its earlier requests made.
     async fn apply_patch(
         &self,
         body: &DynamicObject,
         patch: &Patch,
         memory: &mut ObjectMemory,
-    ) -> Result<Written, ProcessingError> {
+    ) -> Result<(Written, Vec<String>), ProcessingError> {
         if patch.is_empty() {
-            return Ok(Written::Nothing);
+            return Ok((Written::Nothing, Vec::new()));
         }
         let mut changes = patch.take();
         let mut merge = Value::Object(std::mem::take(&mut changes.merge));
@@ -635,17 +646,16 @@ impl Processor {
         }
         let applied = self.send(body, changes).await?;
         memory.remaining = applied.remaining;
-        Ok(
-            match (applied.gone, applied.released, applied.resource_version) {
-                (true, _, _) => Written::Gone,
-                (false, _, None) => Written::Unversioned,
-                // The object is about to vanish: its next version never arrives, so changing handlers
-                // wait out the consistency timeout (or the deletion) instead of running on the stale
-                // events of our own intermediate requests (Kopf's trick, same words).
-                (false, true, Some(rv)) => Written::Version(format!("{rv}~which~never~arrives")),
-                (false, false, Some(rv)) => Written::Version(rv),
-            },
-        )
+        let written = match (applied.gone, applied.released, applied.resource_version) {
+            (true, _, _) => Written::Gone,
+            (false, _, None) => Written::Unversioned,
+            // The object is about to vanish: its next version never arrives, so changing handlers
+            // wait out the consistency timeout (or the deletion) instead of running on the stale
+            // events of our own intermediate requests (Kopf's trick, same words).
+            (false, true, Some(rv)) => Written::Version(format!("{rv}~which~never~arrives")),
+            (false, false, Some(rv)) => Written::Version(rv),
+        };
+        Ok((written, applied.superseded))
     }
 
     /// Touches the object (the touch annotation set to now) so that its next event starts a cycle

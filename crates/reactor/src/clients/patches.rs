@@ -210,6 +210,9 @@ pub struct Applied {
     /// The object's resourceVersion after our last successful request (the version the worker waits
     /// to see again before running changing handlers); None when nothing was sent.
     pub resource_version: Option<String>,
+    /// The versions our earlier requests made, oldest first, when several were sent: their watch
+    /// events bring states older than what we wrote, and the worker skips them.
+    pub superseded: Vec<String>,
     /// The object after our last request.
     pub body: Option<DynamicObject>,
     /// Transformations that met a conflict, to retry next cycle.
@@ -219,6 +222,17 @@ pub struct Applied {
     /// Deletion is requested and no finalizer is left: the object is about to vanish, so its next
     /// version will never arrive.
     pub released: bool,
+}
+
+impl Applied {
+    /// Our request's answer is the object's newest state; the version before it is superseded.
+    fn advance(&mut self, object: DynamicObject) {
+        let version = object.metadata.resource_version.clone();
+        if let Some(earlier) = std::mem::replace(&mut self.resource_version, version) {
+            self.superseded.push(earlier);
+        }
+        self.body = Some(object);
+    }
 }
 
 /// Why applying failed.
@@ -273,8 +287,7 @@ pub async fn apply(
         match response {
             Ok(object) => {
                 warn_inconsistencies(&patch, &object);
-                applied.resource_version = object.metadata.resource_version.clone();
-                applied.body = Some(object);
+                applied.advance(object);
             }
             Err(error) if is_not_found(&error) => {
                 applied.gone = true;
@@ -287,10 +300,7 @@ pub async fn apply(
     if !changes.fns.is_empty() {
         let fresh = applied.body.as_ref().unwrap_or(body);
         match transform(&api, &name, fresh, &changes.fns, has_status, backoffs).await {
-            Ok(Some(object)) => {
-                applied.resource_version = object.metadata.resource_version.clone();
-                applied.body = Some(object);
-            }
+            Ok(Some(object)) => applied.advance(object),
             Ok(None) => {}
             Err(error) if is_not_found(&error) => {
                 applied.gone = true;
