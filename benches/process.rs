@@ -31,8 +31,10 @@
 //! * the CPU seconds of the contender's process until then (`/proc/<pid>/stat`; the emulator's are
 //!   not counted);
 //! * its RSS: at start with no objects (a run of its own, 3 s after starting), its peak
-//!   (`VmHWM`), and steady, once its per-object workers have idled out (8 s after the last object
-//!   is done, and the process quiet); and the steady RSS per object beyond the empty process's.
+//!   (`VmHWM`), and steady, once its per-object workers have idled out and the memory they freed
+//!   went back (from 8 s after the last object is done, `KACTOR_BENCH_IDLE_SECONDS`, until the RSS
+//!   has not fallen for as long, at most a minute); and the steady RSS per object beyond the empty
+//!   process's.
 //!
 //! Then, at the largest size, kactor's restart: the operator is killed (SIGKILL) and started again
 //! over the handled objects; printed are the seconds until `/readyz` answers (every object listed)
@@ -363,6 +365,23 @@ impl Running {
         }
     }
 
+    /// The RSS once it has stopped falling for `stable` (the allocator gives memory back a while
+    /// after the workers idled out), at most a minute.
+    async fn settled_rss(&self, stable: Duration) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut rss = self.memory("VmRSS");
+        let mut since = Instant::now();
+        while Instant::now() < deadline && since.elapsed() < stable {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let now = self.memory("VmRSS");
+            if now + (1 << 20) < rss {
+                since = Instant::now();
+            }
+            rss = rss.min(now);
+        }
+        rss
+    }
+
     async fn kill(mut self) {
         let _ = self.child.kill().await;
     }
@@ -540,7 +559,7 @@ async fn measure(plan: &Plan, contender: Contender, objects: usize, restart: boo
         tokio::time::sleep(plan.idle).await;
         running.quiet(Duration::from_secs(30)).await;
         peak_rss = peak_rss.max(running.memory("VmHWM"));
-        Some(running.memory("VmRSS"))
+        Some(running.settled_rss(plan.idle).await)
     };
     let runs = running.runs.load(Ordering::Relaxed);
     let figures = Figures {
@@ -754,7 +773,12 @@ async fn bench() {
         dir: dir.clone(),
         python,
         settle: Duration::from_secs(if measuring { 3 } else { 1 }),
-        idle: Duration::from_secs(if measuring { 8 } else { 1 }),
+        idle: Duration::from_secs(
+            std::env::var("KACTOR_BENCH_IDLE_SECONDS")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(if measuring { 8 } else { 1 }),
+        ),
     };
     println!(
         "kactor process benchmark: {sizes:?} objects, one create handler, {} cores; Kopf: {}",

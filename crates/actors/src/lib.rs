@@ -9,6 +9,7 @@
 //! actors of objects are in [`objects`].
 
 pub mod daemons;
+pub mod memory;
 pub mod objects;
 pub mod phase;
 pub mod supervisor;

@@ -539,6 +539,7 @@ impl Handler<Returned> for ResourceSupervisor {
             return;
         }
         record.memory = Memory::Here(returned.memory);
+        crate::memory::worker_released(&self.config.runtime);
         if let Some(held) = record.held.take() {
             self.dispatch(returned.key, held);
         }
