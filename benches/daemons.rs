@@ -36,7 +36,6 @@ use kactor::daemons::SpawningKind;
 use kactor::emulator::{samples, Emulator};
 use kactor::observe::Observer as Observe;
 use kactor::prelude::*;
-use kube::api::{Api, DynamicObject, PostParams};
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
 use tracing_subscriber::layer::SubscriberExt;
@@ -44,6 +43,8 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
 
 mod support;
+
+use support::widgets::populate;
 
 #[global_allocator]
 static ALLOCATOR: support::Counting = support::Counting;
@@ -382,30 +383,6 @@ async fn new_emulator(emulator_runtime: &Runtime, objects: usize) -> Emulator {
         started.elapsed().as_secs_f64()
     );
     emulator
-}
-
-async fn populate(api: &Api<DynamicObject>, count: usize) {
-    let tasks: Vec<_> = (0..16)
-        .map(|worker| {
-            let api = api.clone();
-            tokio::spawn(async move {
-                let mut i = worker;
-                while i < count {
-                    let body = samples::widget(&format!("w{i:06}"), i as i64);
-                    api.create(
-                        &PostParams::default(),
-                        &serde_json::from_value(body).expect("a widget"),
-                    )
-                    .await
-                    .expect("create");
-                    i += 16;
-                }
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await.expect("populate");
-    }
 }
 
 /// A running operator, and how to stop it.

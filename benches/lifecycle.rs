@@ -27,19 +27,17 @@
 //!
 //! Aim: kactor within 1.3x of the bare loop.
 
-use std::collections::HashSet;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use kactor::emulator::{samples, Emulator};
 use kactor::prelude::*;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, ListParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
-use kube::runtime::WatchStreamExt;
 use serde_json::Value;
 use tokio::sync::oneshot;
 use tracing_subscriber::layer::SubscriberExt;
@@ -47,11 +45,13 @@ use tracing_subscriber::util::SubscriberInitExt;
 
 mod support;
 
+use support::widgets::{
+    detect, emulator_with_widgets, has_diff_base, populate, write_diff_base, write_status, HANDLER,
+};
+
 #[global_allocator]
 static ALLOCATOR: support::Counting = support::Counting;
 
-const DIFF_BASE: &str = "kopf.zalando.org/last-handled-configuration";
-const HANDLER: &str = "create_fn";
 /// The bare loop's concurrencies tried; the fastest is the floor. 256 is kactor's
 /// `max_concurrent_handlers`.
 const BARE_CONCURRENCIES: [usize; 3] = [16, 64, 256];
@@ -62,16 +62,7 @@ const DEADLINE: Duration = Duration::from_secs(600);
 
 /// CPU seconds this process has used (user and system; the emulator's included).
 fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // The fields after the command's closing parenthesis; utime and stime are the 12th and 13th.
-    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let ticks: u64 = after
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|t| t.parse::<u64>().ok())
-        .sum();
-    ticks as f64 / 100.0
+    support::cpu_seconds_of("self")
 }
 
 /// Samples the number of open files every 10 ms (each loopback connection holds two: the client's
@@ -92,123 +83,12 @@ fn sample_open_files(stop: oneshot::Receiver<()>) -> tokio::task::JoinHandle<usi
 // ---- The objects and the writes -----------------------------------------------------------------
 
 async fn new_emulator(objects: usize) -> (Emulator, Api<DynamicObject>) {
-    let emulator = Emulator::builder()
-        .history_limit(objects * 8 + 10_000)
-        .start()
-        .await
-        .expect("emulator");
-    let widgets = samples::install_widgets(&emulator.client())
-        .await
-        .expect("CRD");
+    let (emulator, widgets) = emulator_with_widgets(objects * 8 + 10_000).await;
     populate(&widgets, objects).await;
     (emulator, widgets)
 }
 
-async fn populate(api: &Api<DynamicObject>, count: usize) {
-    let tasks: Vec<_> = (0..16)
-        .map(|worker| {
-            let api = api.clone();
-            tokio::spawn(async move {
-                let mut i = worker;
-                while i < count {
-                    let body = samples::widget(&format!("w{i:06}"), i as i64);
-                    api.create(
-                        &PostParams::default(),
-                        &serde_json::from_value(body).expect("a widget"),
-                    )
-                    .await
-                    .expect("create");
-                    i += 16;
-                }
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await.expect("populate");
-    }
-}
-
-fn has_diff_base(object: &DynamicObject) -> bool {
-    object
-        .metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key(DIFF_BASE))
-}
-
-fn is_done(object: &DynamicObject) -> bool {
-    has_diff_base(object) && !object.data["status"][HANDLER].is_null()
-}
-
-/// The first of the two writes kactor makes for a handled creation, made by hand: the diff-base
-/// (the essence, in Kopf's key order, and a newline) on the object.
-async fn write_diff_base(api: &Api<DynamicObject>, object: &DynamicObject) -> kube::Result<()> {
-    let name = object.metadata.name.as_deref().unwrap_or_default();
-    let labels = serde_json::to_string(&object.metadata.labels).unwrap_or_default();
-    let spec = serde_json::to_string(&object.data["spec"]).unwrap_or_default();
-    let essence = format!("{{\"spec\":{spec},\"metadata\":{{\"labels\":{labels}}}}}\n");
-    let patch = json!({"metadata": {"annotations": {DIFF_BASE: essence}}});
-    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-        .map(drop)
-}
-
-/// The second: the handler's result on `/status`.
-async fn write_status(api: &Api<DynamicObject>, object: &DynamicObject) -> kube::Result<()> {
-    let name = object.metadata.name.as_deref().unwrap_or_default();
-    let patch = json!({"status": {HANDLER: {"message": "hello"}}});
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-        .map(drop)
-}
-
 // ---- Completion: a watcher counting finished objects ---------------------------------------------
-
-/// A watcher started before a contender: `listed` resolves once it has listed the objects, `done`
-/// with the instant it saw the `expected`-th finished object.
-struct Detector {
-    listed: oneshot::Receiver<()>,
-    done: tokio::task::JoinHandle<Instant>,
-    finished: Arc<AtomicUsize>,
-}
-
-fn detect(api: Api<DynamicObject>, expected: usize) -> Detector {
-    let (ready, listed) = oneshot::channel();
-    let finished = Arc::new(AtomicUsize::new(0));
-    let counter = finished.clone();
-    let done = tokio::spawn(async move {
-        let mut ready = Some(ready);
-        let mut names = HashSet::with_capacity(expected);
-        let mut events = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .boxed();
-        loop {
-            match events.try_next().await {
-                Ok(Some(watcher::Event::InitDone)) => {
-                    if let Some(ready) = ready.take() {
-                        let _ = ready.send(());
-                    }
-                }
-                Ok(Some(watcher::Event::InitApply(object) | watcher::Event::Apply(object)))
-                    if is_done(&object) =>
-                {
-                    names.insert(object.metadata.name.unwrap_or_default());
-                    counter.store(names.len(), Ordering::Relaxed);
-                    if names.len() >= expected {
-                        return Instant::now();
-                    }
-                }
-                Ok(Some(_)) | Err(_) => {}
-                Ok(None) => panic!("the completion watcher ended"),
-            }
-        }
-    });
-    Detector {
-        listed,
-        done,
-        finished,
-    }
-}
 
 // ---- The contenders ------------------------------------------------------------------------------
 

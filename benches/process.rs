@@ -45,7 +45,6 @@
 //! 100,000 within 25 % of those at 10,000, under 2 KiB of steady RSS per object at 100,000, and a
 //! restart over 75,000 handled objects ready in under 30 s.
 
-use std::collections::HashSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -53,19 +52,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use kactor::emulator::{samples, Emulator};
 use kactor::prelude::*;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, ListParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
-use kube::runtime::WatchStreamExt;
 use tokio::io::AsyncBufReadExt;
 use tokio::process::{Child, Command};
 
+mod support;
+
+use support::widgets::{
+    detect, emulator_with_widgets, has_diff_base, populate, write_diff_base, write_status, HANDLER,
+};
+
 const ROLE: &str = "KACTOR_BENCH_ROLE";
-const DIFF_BASE: &str = "kopf.zalando.org/last-handled-configuration";
-const HANDLER: &str = "create_fn";
 /// No contender may take longer than this to finish its objects.
 const DEADLINE: Duration = Duration::from_secs(900);
 /// Kopf is skipped above this many objects.
@@ -119,38 +121,6 @@ fn contender_process(role: &str) {
 async fn widgets_api() -> Api<DynamicObject> {
     let client = kube::Client::try_default().await.expect("a client");
     Api::default_namespaced_with(client, &samples::widget_api_resource())
-}
-
-fn has_diff_base(object: &DynamicObject) -> bool {
-    object
-        .metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key(DIFF_BASE))
-}
-
-fn is_done(object: &DynamicObject) -> bool {
-    has_diff_base(object) && !object.data["status"][HANDLER].is_null()
-}
-
-/// The diff-base kactor and Kopf write: the essence in Kopf's key order, and a newline.
-async fn write_diff_base(api: &Api<DynamicObject>, object: &DynamicObject) -> kube::Result<()> {
-    let name = object.metadata.name.as_deref().unwrap_or_default();
-    let labels = serde_json::to_string(&object.metadata.labels).unwrap_or_default();
-    let spec = serde_json::to_string(&object.data["spec"]).unwrap_or_default();
-    let essence = format!("{{\"spec\":{spec},\"metadata\":{{\"labels\":{labels}}}}}\n");
-    let patch = json!({"metadata": {"annotations": {DIFF_BASE: essence}}});
-    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-        .map(drop)
-}
-
-async fn write_status(api: &Api<DynamicObject>, object: &DynamicObject) -> kube::Result<()> {
-    let name = object.metadata.name.as_deref().unwrap_or_default();
-    let patch = json!({"status": {HANDLER: {"message": "hello"}}});
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-        .map(drop)
 }
 
 async fn bare_loop() {
@@ -299,15 +269,7 @@ impl Running {
     }
 
     fn cpu_seconds(&self) -> f64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).unwrap_or_default();
-        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-        let ticks: u64 = after
-            .split_whitespace()
-            .skip(11)
-            .take(2)
-            .filter_map(|t| t.parse::<u64>().ok())
-            .sum();
-        ticks as f64 / 100.0
+        support::cpu_seconds_of(&self.pid.to_string())
     }
 
     /// A `/proc/<pid>/status` figure in bytes (`VmRSS`, `VmHWM`); 0 once the process is gone.
@@ -394,39 +356,6 @@ fn free_port() -> u16 {
         .expect("a free port")
 }
 
-/// A watcher counting finished objects; resolves with the instant it saw the last one.
-async fn detect(api: Api<DynamicObject>, expected: usize) -> tokio::task::JoinHandle<Instant> {
-    let (listed, ready) = tokio::sync::oneshot::channel();
-    let done = tokio::spawn(async move {
-        let mut listed = Some(listed);
-        let mut names = HashSet::with_capacity(expected);
-        let mut events = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .boxed();
-        loop {
-            match events.try_next().await {
-                Ok(Some(watcher::Event::InitDone)) => {
-                    if let Some(listed) = listed.take() {
-                        let _ = listed.send(());
-                    }
-                }
-                Ok(Some(watcher::Event::InitApply(object) | watcher::Event::Apply(object)))
-                    if is_done(&object) =>
-                {
-                    names.insert(object.metadata.name.unwrap_or_default());
-                    if names.len() >= expected {
-                        return Instant::now();
-                    }
-                }
-                Ok(Some(_)) | Err(_) => {}
-                Ok(None) => panic!("the completion watcher ended"),
-            }
-        }
-    });
-    ready.await.expect("the completion watcher lists");
-    done
-}
-
 /// A page of kactor's health server (`http://<host>:<port>/<path>`), if it answers 200.
 async fn fetch(url: &str) -> Option<String> {
     let rest = url.strip_prefix("http://")?;
@@ -478,14 +407,7 @@ struct Setup {
 }
 
 async fn setup(dir: &Path, objects: usize) -> Setup {
-    let emulator = Emulator::builder()
-        .history_limit(objects * 8 + 10_000)
-        .start()
-        .await
-        .expect("emulator");
-    let widgets = samples::install_widgets(&emulator.client())
-        .await
-        .expect("CRD");
+    let (emulator, widgets) = emulator_with_widgets(objects * 8 + 10_000).await;
     let kubeconfig = dir.join("kubeconfig");
     emulator
         .write_kubeconfig(&kubeconfig)
@@ -494,28 +416,6 @@ async fn setup(dir: &Path, objects: usize) -> Setup {
         _emulator: emulator,
         widgets,
         kubeconfig,
-    }
-}
-
-async fn populate(api: &Api<DynamicObject>, count: usize) {
-    let tasks: Vec<_> = (0..16)
-        .map(|worker| {
-            let api = api.clone();
-            tokio::spawn(async move {
-                let mut i = worker;
-                while i < count {
-                    let body = samples::widget(&format!("w{i:06}"), i as i64);
-                    let object = serde_json::from_value(body).expect("a widget");
-                    api.create(&PostParams::default(), &object)
-                        .await
-                        .expect("create");
-                    i += 16;
-                }
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await.expect("populate");
     }
 }
 
@@ -544,7 +444,9 @@ async fn measure(plan: &Plan, contender: Contender, objects: usize, restart: boo
     };
 
     populate(&setup.widgets, objects).await;
-    let done = detect(setup.widgets.clone(), objects).await;
+    let detector = detect(setup.widgets.clone(), objects);
+    detector.listed.await.expect("the completion watcher lists");
+    let done = detector.done;
     let started = Instant::now();
     let mut running = Running::start(contender, &setup.kubeconfig, python);
     let done = running
@@ -613,7 +515,7 @@ async fn restart_kactor(plan: &Plan, setup: &Setup, objects: usize) {
     println!();
     println!(
         "kactor restarted over {objects} handled objects: ready (listed) after {} s, every object checked \
-         and quiet after {} s, {:.2} CPU s, {} handler runs again, steady RSS {:.1} MiB",
+         and quiet after {} s, {:.2} CPU s, {} handler runs again, RSS then {:.1} MiB",
         seconds(ready),
         seconds(checked),
         running.cpu_seconds(),

@@ -30,15 +30,7 @@ mod support;
 static ALLOCATOR: support::Counting = support::Counting;
 
 async fn new_emulator() -> (Emulator, Api<DynamicObject>) {
-    let emulator = Emulator::builder()
-        .history_limit(400_000)
-        .start()
-        .await
-        .expect("emulator");
-    let widgets = samples::install_widgets(&emulator.client())
-        .await
-        .expect("CRD");
-    (emulator, widgets)
+    support::widgets::emulator_with_widgets(400_000).await
 }
 
 async fn populate(api: &Api<DynamicObject>, prefix: &str, count: usize) {

@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tracing_subscriber::Layer;
 
+pub mod widgets;
+
 /// Counts live heap bytes.
 pub struct Counting;
 
@@ -116,4 +118,19 @@ pub fn rss_bytes() -> u64 {
         .find_map(|line| line.strip_prefix("VmRSS:"))
         .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
+}
+
+/// The CPU seconds (user and system) a process has used: `"self"` or a pid, from `/proc/<it>/stat`;
+/// 0 once it is gone.
+pub fn cpu_seconds_of(process: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{process}/stat")).unwrap_or_default();
+    // The fields after the command's closing parenthesis; utime and stime are the 12th and 13th.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 = after
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|t| t.parse::<u64>().ok())
+        .sum();
+    ticks as f64 / 100.0
 }
