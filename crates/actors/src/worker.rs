@@ -57,6 +57,9 @@ use crate::tracker::Tracker;
 
 /// How many resourceVersions of events arrived during a cycle are kept to recognise our own patch's.
 const ARRIVED_KEPT: usize = 16;
+/// At most this many superseded versions are kept (the newest): a cycle adds up to three, and the list
+/// empties when the last version written comes back.
+const SUPERSEDED_KEPT: usize = 16;
 
 /// An event for the worker's object.
 #[derive(Message, Clone)]
@@ -195,9 +198,10 @@ pub struct ObjectWorker {
     error: Option<ProcessingError>,
     /// The version our last patch produced, not yet seen in the watch, and until when to wait for it.
     expected: Option<(String, Instant)>,
-    /// The versions the last cycle's earlier requests produced: their events bring states older
-    /// than ours, whose handlers may look undone (the result is written before the diff-base), so
-    /// they are skipped. The version they led to follows in the stream (or a listing brings it).
+    /// The versions our own requests produced that a later one of ours superseded, not seen yet:
+    /// their events bring states older than ours, whose handlers may look undone (the result is
+    /// written before the diff-base), so they are skipped. The version we expect follows in the
+    /// stream (or a listing brings the object as it is).
     superseded: Vec<String>,
     /// The object's daemons and timers (made on the first event, when the resource has any).
     daemons: Option<ObjectDaemons>,
@@ -464,6 +468,17 @@ impl ObjectWorker {
             .spawn(&self.shared.runtime, touch.instrument(span));
     }
 
+    /// New requests of ours went out: the version we waited for (if it has not come back) and the
+    /// earlier ones of these requests are superseded by their last, which the caller expects next.
+    fn supersede(&mut self, earlier: Vec<String>) {
+        if let Some((previous, _)) = self.expected.take() {
+            self.superseded.push(previous);
+        }
+        self.superseded.extend(earlier);
+        let excess = self.superseded.len().saturating_sub(SUPERSEDED_KEPT);
+        self.superseded.drain(..excess);
+    }
+
     /// Whether the event brings a version that one of our own later requests superseded.
     fn is_superseded(&self, event: &Deliver) -> bool {
         event
@@ -552,11 +567,18 @@ impl Handler<CycleDone> for ObjectWorker {
         let next = match result {
             Ok(cycle) => {
                 match cycle.written {
-                    Written::Version(version) => self.expect(Some(version)),
-                    Written::Unversioned => self.expect(None),
-                    Written::Nothing | Written::Gone => {}
+                    Written::Version(version) => {
+                        self.supersede(cycle.superseded);
+                        self.expect(Some(version));
+                    }
+                    Written::Unversioned => {
+                        self.supersede(cycle.superseded);
+                        self.expect(None);
+                    }
+                    // Nothing written: what an earlier cycle wrote is still on its way.
+                    Written::Nothing => {}
+                    Written::Gone => self.superseded = Vec::new(),
                 }
-                self.superseded = cycle.superseded;
                 if self.pending.as_ref().is_some_and(|p| self.is_superseded(p)) {
                     self.pending = None;
                 }
@@ -579,6 +601,7 @@ impl Handler<Touched> for ObjectWorker {
     fn handle(&mut self, Touched(result): Touched, ctx: &mut Context<Self>) {
         let ok = match result {
             Ok(version) => {
+                self.supersede(Vec::new());
                 self.expect(version);
                 true
             }
