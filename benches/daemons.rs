@@ -105,9 +105,6 @@ fn describe_requests(requests: support::Requests, objects: usize) -> String {
 
 // ---- CPU time, per thread -------------------------------------------------------------------------
 
-/// Clock ticks per second of `/proc/.../stat` (USER_HZ, 100 on Linux).
-const TICKS: f64 = 100.0;
-
 /// The CPU seconds used so far: by the whole process (exited threads included) and by each living
 /// thread, with its name.
 #[derive(Clone, Default)]
@@ -116,23 +113,10 @@ struct CpuSnapshot {
     threads: HashMap<u32, (String, f64)>,
 }
 
-/// utime + stime of a `/proc/.../stat` line, in seconds, and the command (the thread's name).
-fn parse_stat(stat: &str) -> Option<(String, f64)> {
-    let (head, rest) = stat.rsplit_once(')')?;
-    let name = head.split_once('(')?.1.to_string();
-    let ticks: u64 = rest
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|t| t.parse::<u64>().ok())
-        .sum();
-    Some((name, ticks as f64 / TICKS))
-}
-
 fn cpu_now() -> CpuSnapshot {
     let process = std::fs::read_to_string("/proc/self/stat")
         .ok()
-        .and_then(|stat| parse_stat(&stat))
+        .and_then(|stat| support::parse_stat(&stat))
         .map_or(0.0, |(_, seconds)| seconds);
     let mut threads = HashMap::new();
     if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
@@ -142,7 +126,7 @@ fn cpu_now() -> CpuSnapshot {
             };
             if let Some(parsed) = std::fs::read_to_string(task.path().join("stat"))
                 .ok()
-                .and_then(|stat| parse_stat(&stat))
+                .and_then(|stat| support::parse_stat(&stat))
             {
                 threads.insert(tid, parsed);
             }

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use kactor::emulator::{samples, Emulator};
 use kactor::prelude::*;
-use kube::api::{Api, DynamicObject, ListParams};
+use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use serde_json::Value;
@@ -46,7 +46,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 mod support;
 
 use support::widgets::{
-    detect, emulator_with_widgets, has_diff_base, populate, write_diff_base, write_status, HANDLER,
+    detect, emulator_with_widgets, populate, write_all, write_missing, HANDLER,
 };
 
 #[global_allocator]
@@ -144,18 +144,7 @@ impl Running {
 
 fn bare_loop(api: Api<DynamicObject>, concurrency: usize) -> Running {
     Running::Task(tokio::spawn(async move {
-        let listed = api.list(&ListParams::default()).await.expect("list");
-        futures::stream::iter(listed.items)
-            .map(|object| {
-                let api = api.clone();
-                async move {
-                    write_diff_base(&api, &object).await.expect("patch");
-                    write_status(&api, &object).await.expect("patch status");
-                }
-            })
-            .buffer_unordered(concurrency)
-            .for_each(|()| async {})
-            .await;
+        write_all(&api, concurrency, || {}).await;
     }))
 }
 
@@ -169,12 +158,7 @@ async fn reconcile(
     object: Arc<DynamicObject>,
     api: Arc<Api<DynamicObject>>,
 ) -> kube::Result<Action> {
-    if !has_diff_base(&object) {
-        write_diff_base(&api, &object).await?;
-    }
-    if object.data["status"][HANDLER].is_null() {
-        write_status(&api, &object).await?;
-    }
+    write_missing(&api, &object).await?;
     Ok(Action::await_change())
 }
 

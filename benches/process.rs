@@ -55,7 +55,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use kactor::emulator::{samples, Emulator};
 use kactor::prelude::*;
-use kube::api::{Api, DynamicObject, ListParams};
+use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use tokio::io::AsyncBufReadExt;
@@ -64,7 +64,7 @@ use tokio::process::{Child, Command};
 mod support;
 
 use support::widgets::{
-    detect, emulator_with_widgets, has_diff_base, populate, write_diff_base, write_status, HANDLER,
+    detect, emulator_with_widgets, populate, write_all, write_missing, HANDLER,
 };
 
 const ROLE: &str = "KACTOR_BENCH_ROLE";
@@ -124,20 +124,7 @@ async fn widgets_api() -> Api<DynamicObject> {
 }
 
 async fn bare_loop() {
-    let api = widgets_api().await;
-    let listed = api.list(&ListParams::default()).await.expect("list");
-    futures::stream::iter(listed.items)
-        .map(|object| {
-            let api = api.clone();
-            async move {
-                write_diff_base(&api, &object).await.expect("patch");
-                write_status(&api, &object).await.expect("patch status");
-                println!("ran");
-            }
-        })
-        .buffer_unordered(256)
-        .for_each(|()| async {})
-        .await;
+    write_all(&widgets_api().await, 256, || println!("ran")).await;
     // Alive until killed, so that its peak memory can be read.
     std::future::pending::<()>().await;
 }
@@ -146,13 +133,9 @@ async fn reconcile(
     object: Arc<DynamicObject>,
     api: Arc<Api<DynamicObject>>,
 ) -> kube::Result<Action> {
-    if !has_diff_base(&object) {
+    if write_missing(&api, &object).await? {
         // The object's first reconcile that writes: its "handler run".
         println!("ran");
-        write_diff_base(&api, &object).await?;
-    }
-    if object.data["status"][HANDLER].is_null() {
-        write_status(&api, &object).await?;
     }
     Ok(Action::await_change())
 }

@@ -123,14 +123,23 @@ pub fn rss_bytes() -> u64 {
 /// The CPU seconds (user and system) a process has used: `"self"` or a pid, from `/proc/<it>/stat`;
 /// 0 once it is gone.
 pub fn cpu_seconds_of(process: &str) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{process}/stat")).unwrap_or_default();
+    std::fs::read_to_string(format!("/proc/{process}/stat"))
+        .ok()
+        .and_then(|stat| parse_stat(&stat))
+        .map_or(0.0, |(_, seconds)| seconds)
+}
+
+/// The command (a thread's name) and utime + stime in seconds of a `/proc/.../stat` line.
+pub fn parse_stat(stat: &str) -> Option<(String, f64)> {
+    let (head, rest) = stat.rsplit_once(')')?;
+    let name = head.split_once('(')?.1.to_string();
     // The fields after the command's closing parenthesis; utime and stime are the 12th and 13th.
-    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let ticks: u64 = after
+    let ticks: u64 = rest
         .split_whitespace()
         .skip(11)
         .take(2)
         .filter_map(|t| t.parse::<u64>().ok())
         .sum();
-    ticks as f64 / 100.0
+    // USER_HZ: 100 clock ticks per second on Linux.
+    Some((name, ticks as f64 / 100.0))
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use futures::{StreamExt, TryStreamExt};
 use kactor::emulator::{samples, Emulator};
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::runtime::WatchStreamExt;
 use serde_json::json;
@@ -89,6 +89,35 @@ pub async fn write_status(api: &Api<DynamicObject>, object: &DynamicObject) -> k
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
         .await
         .map(drop)
+}
+
+/// The bare loop: one list, then both writes for each object, `concurrency` at once; `each` after
+/// each object.
+pub async fn write_all(api: &Api<DynamicObject>, concurrency: usize, each: fn()) {
+    let listed = api.list(&ListParams::default()).await.expect("list");
+    futures::stream::iter(listed.items)
+        .map(|object| async move {
+            write_diff_base(api, &object).await.expect("patch");
+            write_status(api, &object).await.expect("patch status");
+            each();
+        })
+        .buffer_unordered(concurrency)
+        .for_each(|()| async {})
+        .await;
+}
+
+/// What a `Controller`'s level-triggered reconcile writes: whichever of the two writes the object
+/// still misses (its patch events bring further reconciles, which then write nothing). Returns
+/// whether it wrote the diff-base, the object's first writing reconcile.
+pub async fn write_missing(api: &Api<DynamicObject>, object: &DynamicObject) -> kube::Result<bool> {
+    let first = !has_diff_base(object);
+    if first {
+        write_diff_base(api, object).await?;
+    }
+    if object.data["status"][HANDLER].is_null() {
+        write_status(api, object).await?;
+    }
+    Ok(first)
 }
 
 /// A watcher started before a contender: `listed` resolves once it has listed the objects, `done`

@@ -586,7 +586,7 @@ impl Handler<CycleDone> for ObjectWorker {
             }
             Err(error) => {
                 // What was written is unknown: the next event is taken as it comes.
-                self.superseded.clear();
+                self.superseded = Vec::new();
                 self.error = Some(error);
                 None
             }
