@@ -28,6 +28,7 @@ mod auth;
 mod faults;
 mod kinds;
 mod openapi;
+mod openapi_proto;
 mod patch;
 mod rbac;
 mod registry;

@@ -33,7 +33,7 @@ use crate::store::{
     Subresource, Write,
 };
 use crate::table::{self, Include};
-use crate::{openapi, Settings};
+use crate::{openapi, openapi_proto, Settings};
 
 /// The Kubernetes version the emulator reports.
 pub const KUBERNETES_VERSION: &str = "v1.34.0";
@@ -340,7 +340,7 @@ async fn route(shared: &Arc<Shared>, request: Request<Incoming>) -> ApiResult<Re
             })
             .map_or_else(|| Err(ApiError::no_route(parts.uri.path())), |g| ok(&g)),
         ["apis", group, version] if get => ok(&resource_list(&shared.state(), group, version)?),
-        ["openapi", "v2"] if get => ok(&openapi::v2(&shared.state().types())),
+        ["openapi", "v2"] if get => Ok(openapi_v2(shared, &call.accept)),
         ["openapi", "v3"] if get => ok(&openapi::v3_root(&shared.state().types())),
         ["openapi", "v3", rest @ ..] if get => {
             openapi::v3_group_version(&shared.state().types(), rest)
@@ -1100,6 +1100,42 @@ fn object_response(status: StatusCode, object: &Value) -> ApiResult<Response<Bod
         status,
         serde_json::to_vec(object).unwrap_or_default(),
     ))
+}
+
+/// `/openapi/v2`: JSON, or protobuf when asked for it (as kubectl does).
+fn openapi_v2(shared: &Arc<Shared>, accept: &str) -> Response<Body> {
+    let document = openapi::v2(&shared.state().types());
+    if !wants_protobuf_openapi(accept) {
+        return json_bytes(
+            StatusCode::OK,
+            serde_json::to_vec(&document).unwrap_or_default(),
+        );
+    }
+    let mut response = Response::new(Body::Full(Some(Bytes::from(openapi_proto::document(
+        &document,
+    )))));
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static(openapi_proto::CONTENT_TYPE),
+    );
+    response
+}
+
+/// Whether `/openapi/v2` is asked for in protobuf: its media type is accepted, ahead of JSON if
+/// both are (kubectl asks for protobuf alone).
+fn wants_protobuf_openapi(accept: &str) -> bool {
+    let position = |wanted: &str| {
+        accept
+            .split(',')
+            .position(|item| item.split(';').next().unwrap_or_default().trim() == wanted)
+    };
+    match (
+        position(openapi_proto::ACCEPT),
+        position("application/json"),
+    ) {
+        (Some(protobuf), Some(json)) => protobuf < json,
+        (protobuf, _) => protobuf.is_some(),
+    }
 }
 
 fn json_bytes(status: StatusCode, body: Vec<u8>) -> Response<Body> {

@@ -258,6 +258,39 @@ async fn openapi_documents_are_served_for_kubectl() {
     .await;
     assert_eq!(code, 200);
     assert_eq!(v2["swagger"], "2.0");
+
+    // kubectl asks for v2 in protobuf (gnostic's openapi.v2.Document) when it validates a kind the v3
+    // documents do not list yet; a real server answers in protobuf, and so does the emulator.
+    let request = http::Request::get("/openapi/v2")
+        .header(
+            "Accept",
+            "application/com.github.proto-openapi.spec.v2@v1.0+protobuf",
+        )
+        .body(Vec::new())
+        .unwrap();
+    let response = emulator
+        .client()
+        .send(request.map(Into::into))
+        .await
+        .unwrap();
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
+    );
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    // Field 1 (swagger) first: "2.0"; the widgets' definition and its group-version-kind within.
+    assert!(
+        body.starts_with(&[0x0A, 3, b'2', b'.', b'0']),
+        "{:?}",
+        &body[..16]
+    );
+    let text = String::from_utf8_lossy(&body);
+    assert!(text.contains("com.example.v1.Widget"));
+    assert!(text.contains("x-kubernetes-group-version-kind"));
+    assert!(text.contains("fieldValidation"));
 }
 
 // ---- built-in kinds ----
