@@ -39,6 +39,9 @@ pub use crate::scope::Scope;
 const IMPLICIT_CLUSTER_WIDE: &str = "no --namespace or --all-namespaces given: serving the whole \
      cluster; pass -A to say so, or -n to restrict";
 
+/// The default of `--log-refkey`.
+const DEFAULT_REFKEY: &str = "object";
+
 /// The options of `run`, the command that runs the operator (Kopf's `kopf run`).
 ///
 /// Build it through clap, not by a struct literal, to stay compatible with options added later.
@@ -132,7 +135,7 @@ pub struct RunArgs {
         long,
         value_name = "KEY",
         env = "KACTOR_LOG_REFKEY",
-        default_value = "object"
+        default_value = DEFAULT_REFKEY
     )]
     pub log_refkey: String,
 
@@ -168,6 +171,15 @@ pub struct RunArgs {
     /// once: the highest priority works, the others pause.
     #[arg(short = 'P', long, value_name = "NAME", env = "KACTOR_PEERING")]
     pub peering: Option<String>,
+
+    /// With --peering: create the peering object when its CRD is served and the object is missing,
+    /// instead of staying paused until someone creates it (Kopf's only behaviour).
+    ///
+    /// The object is created empty, as `kubectl apply` of Kopf's would; peers find it as if it had
+    /// been there. `manifests --peering` sets it, since one `kubectl apply` cannot create an object
+    /// of a CRD it creates in the same run.
+    #[arg(long, env = "KACTOR_CREATE_PEERING", action = ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
+    pub create_peering: bool,
 
     /// This operator's peering priority: a live peer with a higher one pauses it; an equal one pauses
     /// both (as in Kopf).
@@ -240,6 +252,76 @@ impl RunArgs {
         (!self.all_namespaces && self.namespaces.is_empty()).then_some(IMPLICIT_CLUSTER_WIDE)
     }
 
+    /// These options as a command line for `run` (without the program's name), the inverse of
+    /// parsing: only what differs from the defaults, so that parsing it gives these options back.
+    /// `manifests` writes the Deployment's `args` with it. `--emulator` is left out (a Deployment runs
+    /// on its cluster).
+    ///
+    /// ```
+    /// use kactor::cli::OperatorCli;
+    ///
+    /// let cli = OperatorCli::parse_from(["op", "-A", "--peering", "ops", "--log-format", "json"])?;
+    /// assert_eq!(cli.run_args().to_args(), ["--all-namespaces", "--log-format=json", "--peering=ops"]);
+    /// # Ok::<(), clap::Error>(())
+    /// ```
+    pub fn to_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        if self.all_namespaces {
+            args.push("--all-namespaces".to_string());
+        }
+        for namespace in &self.namespaces {
+            args.push(format!("--namespace={namespace}"));
+        }
+        for (on, flag) in [
+            (self.verbose, "--verbose"),
+            (self.debug, "--debug"),
+            (self.quiet, "--quiet"),
+        ] {
+            if on {
+                args.push(flag.to_string());
+            }
+        }
+        if self.log_format != LogFormat::default() {
+            args.push(format!("--log-format={}", self.log_format));
+        }
+        if self.log_refkey != DEFAULT_REFKEY {
+            args.push(format!("--log-refkey={}", self.log_refkey));
+        }
+        if self.no_log_prefix {
+            args.push("--no-log-prefix".to_string());
+        } else if let Some(prefix) = self.log_prefix {
+            args.push(format!("--log-prefix={prefix}"));
+        }
+        if self.standalone {
+            args.push("--standalone".to_string());
+        }
+        if let Some(name) = &self.peering {
+            args.push(format!("--peering={name}"));
+        }
+        if self.create_peering {
+            args.push("--create-peering".to_string());
+        }
+        if self.priority != 0 {
+            args.push(format!("--priority={}", self.priority));
+        }
+        if self.dev {
+            args.push("--dev".to_string());
+        }
+        if self.leader_election {
+            args.push("--leader-election".to_string());
+        }
+        if let Some(name) = &self.lease_name {
+            args.push(format!("--lease-name={name}"));
+        }
+        if let Some(namespace) = &self.lease_namespace {
+            args.push(format!("--lease-namespace={namespace}"));
+        }
+        if let Some(url) = &self.liveness {
+            args.push(format!("--liveness={url}"));
+        }
+        args
+    }
+
     /// The log settings these options give, for [`crate::logging::init`]: DEBUG with `-v` or `-d`,
     /// else WARN with `-q`, else INFO; the prefix as `--log-prefix`/`--no-log-prefix` say, else on for
     /// the text formats and off for json.
@@ -293,7 +375,7 @@ pub struct OperatorCli {
 pub enum Command {
     /// Run the operator (the default command).
     Run(RunArgs),
-    /// `rbac generate`, `rbac verify`, `crds`: the manifests that deploy the operator.
+    /// `rbac generate`, `rbac verify`, `crds`, `manifests`: the manifests that deploy the operator.
     #[command(flatten)]
     Manifests(Manifests),
 }
@@ -310,6 +392,60 @@ pub enum Manifests {
     /// Print the CRDs of the resources this operator owns, as YAML (`my-operator crds | kubectl
     /// apply -f -`).
     Crds,
+    /// Print everything this operator needs in a cluster, in the order a cluster accepts it, for one
+    /// `kubectl apply --server-side -f -`.
+    ///
+    /// Its namespace; its CRDs (and the peering CRDs with --peering); its RBAC, as `rbac generate`
+    /// derives it; a Deployment running the image with these options, probed on /healthz and
+    /// /readyz; a Service for /metrics. Give it the options the operator runs with (those of `run`):
+    /// they become the Deployment's arguments. With --peering, the operator creates its peering object
+    /// (--create-peering), since one apply cannot create an object of a CRD it creates.
+    #[command(name = "manifests")]
+    All(DeployArgs),
+}
+
+/// The options of `manifests`.
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct DeployArgs {
+    /// The operator's container image (e.g. `registry.example.com/my-operator:1.0`).
+    #[arg(long, value_name = "IMAGE", env = "KACTOR_IMAGE")]
+    pub image: String,
+    /// The name of the Deployment, its service account, roles and Service (default: the program's
+    /// name).
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// The namespace the operator runs in, created first (default: its name). `--namespace` is the
+    /// namespaces it serves, as for `run`.
+    #[arg(long, value_name = "NS")]
+    pub operator_namespace: Option<String>,
+    /// How many replicas: more than one needs --peering or --leader-election (the others wait as
+    /// standbys).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub replicas: u32,
+    /// Write the manifests to this file instead of stdout.
+    #[arg(short = 'o', long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// The options the operator runs with. `--liveness` defaults to http://0.0.0.0:8080/healthz here.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+impl DeployArgs {
+    /// The name of the Deployment and of everything named after it: `--name`, else the program's
+    /// name, else `kactor-operator`.
+    pub fn name(&self) -> String {
+        self.name
+            .clone()
+            .or_else(program_name)
+            .unwrap_or_else(|| DEFAULT_NAME.to_string())
+    }
+
+    /// The namespace the operator runs in: `--operator-namespace`, else its [`name`](Self::name).
+    pub fn operator_namespace(&self) -> String {
+        self.operator_namespace
+            .clone()
+            .unwrap_or_else(|| self.name())
+    }
 }
 
 /// `rbac generate` and `rbac verify`.
@@ -460,6 +596,7 @@ impl OperatorCli {
             Some(Command::Manifests(Manifests::Rbac(RbacCommand::Verify(args)))) => {
                 &mut args.rbac.run
             }
+            Some(Command::Manifests(Manifests::All(args))) => &mut args.run,
             Some(Command::Manifests(Manifests::Crds)) => return Ok(cli),
         };
         // The checks below are not clap's `conflicts_with`/`overrides_with`, because clap counts values
@@ -495,6 +632,7 @@ impl OperatorCli {
                 &args.rbac.run
             }
             Some(Command::Manifests(Manifests::Rbac(RbacCommand::Verify(args)))) => &args.rbac.run,
+            Some(Command::Manifests(Manifests::All(args))) => &args.run,
             Some(Command::Manifests(Manifests::Crds)) | None => &self.run,
         }
     }
@@ -505,6 +643,7 @@ impl OperatorCli {
             Some(Command::Run(args)) => args,
             Some(Command::Manifests(Manifests::Rbac(RbacCommand::Generate(args)))) => args.rbac.run,
             Some(Command::Manifests(Manifests::Rbac(RbacCommand::Verify(args)))) => args.rbac.run,
+            Some(Command::Manifests(Manifests::All(args))) => args.run,
             Some(Command::Manifests(Manifests::Crds)) | None => self.run,
         }
     }
@@ -766,6 +905,95 @@ pub(crate) mod tests {
         assert!(!prefix(&["--log-prefix=false"]));
         assert!(prefix(&["--no-log-prefix", "--log-prefix"]));
         assert!(!prefix(&["--log-prefix", "--no-log-prefix"]));
+    }
+
+    /// `to_args` is parsing's inverse: what it writes parses back to the same options.
+    #[test]
+    fn run_options_written_as_a_command_line_parse_back_to_themselves() {
+        for line in [
+            &[][..],
+            &["-A"],
+            &["-n", "team-*,!team-x", "-n", "ops"],
+            &[
+                "-v",
+                "-q",
+                "--log-format",
+                "json",
+                "--log-refkey",
+                "k8s",
+                "--log-prefix",
+            ],
+            &["--log-prefix=false"],
+            &["--no-log-prefix", "--log-format=plain"],
+            &["--standalone", "-p", "-5", "--dev"],
+            &["-P", "ops", "--create-peering", "-d"],
+            &[
+                "-A",
+                "--leader-election",
+                "--lease-name",
+                "l",
+                "--lease-namespace",
+                "ns",
+            ],
+            &["-L", "http://0.0.0.0:8080/healthz"],
+        ] {
+            let args = parse(line).unwrap();
+            let written = args.to_args();
+            let mut again: Vec<&str> = vec!["run"];
+            again.extend(written.iter().map(String::as_str));
+            assert_eq!(
+                parse(&again).unwrap(),
+                args,
+                "{line:?} written as {written:?}"
+            );
+        }
+        // Only what differs from the defaults, and never --emulator.
+        assert!(parse(&["--emulator"]).unwrap().to_args().is_empty());
+    }
+
+    #[test]
+    fn manifests_takes_the_image_its_own_options_and_those_of_run() {
+        let parsed = cli(&[
+            "manifests",
+            "--image",
+            "op:1",
+            "--operator-namespace",
+            "ops",
+            "--replicas",
+            "2",
+            "-n",
+            "team-a",
+            "--leader-election",
+        ])
+        .unwrap();
+        let Command::Manifests(Manifests::All(args)) = parsed.command() else {
+            panic!("{parsed:?}")
+        };
+        assert_eq!(args.image, "op:1");
+        assert_eq!(args.operator_namespace(), "ops");
+        assert_eq!(args.replicas, 2);
+        assert_eq!(args.run.scope(), Scope::Namespaces(vec!["team-a".into()]));
+        assert!(args.run.leader_election);
+        assert_eq!(parsed.run_args(), &args.run);
+        // The image is required; the operator's namespace defaults to its name.
+        assert!(cli_error_kind(&["manifests", "-A"]) == ErrorKind::MissingRequiredArgument);
+        let parsed = cli(&["manifests", "--image", "op:1", "--name", "my-op"]).unwrap();
+        let Command::Manifests(Manifests::All(args)) = parsed.command() else {
+            panic!("{parsed:?}")
+        };
+        assert_eq!(
+            (args.name(), args.operator_namespace()),
+            ("my-op".into(), "my-op".into())
+        );
+        // -n with -A is a usage error here too.
+        assert!(
+            cli_error_kind(&["manifests", "--image", "x", "-A", "-n", "a"])
+                == ErrorKind::ArgumentConflict
+        );
+    }
+
+    fn cli_error_kind(args: &[&str]) -> ErrorKind {
+        cli(args).unwrap_err().kind()
     }
 
     #[test]

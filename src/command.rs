@@ -1,5 +1,6 @@
 //! The command line, carried out: [`Operator::run_from_args`] parses it and runs the operator or one
-//! of the manifest commands ([`Manifests::execute`]: `rbac generate`, `rbac verify`, `crds`). The top
+//! of the manifest commands ([`Manifests::execute`]: `rbac generate`, `rbac verify`, `crds`,
+//! `manifests`). The top
 //! of the crate: it knows the command line ([`crate::cli`]), the operator and `rbac`, which know
 //! nothing of it.
 
@@ -14,8 +15,8 @@ use crate::operator::Operator;
 impl Operator {
     /// Parses the command line and does what it says: `run` (the default subcommand; see
     /// [`crate::cli::RunArgs`] for every option and its `KACTOR_...` environment variable) sets up
-    /// logging and runs until SIGINT or SIGTERM; `rbac generate`, `rbac verify` and `crds` print what
-    /// the operator needs in a cluster ([`crate::cli::Manifests`]). A usage error prints clap's
+    /// logging and runs until SIGINT or SIGTERM; `rbac generate`, `rbac verify`, `crds` and `manifests`
+    /// print what the operator needs in a cluster ([`crate::cli::Manifests`]). A usage error prints clap's
     /// message and exits with status 2, as command lines do; `rbac verify` returns an error (exit
     /// status 1 from `main`) when a permission is missing.
     ///
@@ -53,8 +54,19 @@ impl Operator {
         self.with_args(&args).run().await
     }
 
+    /// `--emulator` in a build without kactor's `emulator` feature: a clear error.
+    #[cfg(not(feature = "emulator"))]
+    async fn run_on_emulator(self) -> Result<()> {
+        Err(Error::Emulator(
+            "this program was built without kactor's `emulator` feature (default-features = false); \
+             build it with the feature, or run it against a cluster"
+                .to_string(),
+        ))
+    }
+
     /// `--emulator`: runs on kactor's embedded API server, with the operator's CRDs installed, a
     /// kubeconfig for kubectl and health on a free port (or `--liveness`), until SIGINT or SIGTERM.
+    #[cfg(feature = "emulator")]
     async fn run_on_emulator(self) -> Result<()> {
         let emulator = kactor_emulator::Emulator::start()
             .await
@@ -126,6 +138,9 @@ impl Operator {
         } else if let Some(name) = &args.peering {
             operator = operator.peering(name);
         }
+        if args.create_peering {
+            operator = operator.peering_settings(|peering| peering.create_missing = true);
+        }
         operator = operator.priority(if args.dev { 666 } else { args.priority });
         if let Some(url) = &args.liveness {
             operator = operator.liveness(url);
@@ -164,7 +179,9 @@ impl Manifests {
     ///   writes a line per needed permission to `output`, and returns [`RbacError::Missing`] when one
     ///   is missing (so that `main` exits with status 1);
     /// * `crds` writes the CRDs declared with [`Operator::crd`] to `output` as YAML documents, or
-    ///   says on `messages` that there are none.
+    ///   says on `messages` that there are none;
+    /// * `manifests` writes everything the operator needs in a cluster ([`crate::deploy`]) to `-o FILE`,
+    ///   or to `output`.
     ///
     /// ```no_run
     /// # async fn example() -> kactor::Result<()> {
@@ -191,18 +208,13 @@ impl Manifests {
         match self {
             Manifests::Rbac(RbacCommand::Generate(args)) => {
                 let yaml = crate::rbac::generate(operator, &args.rbac).await?;
-                match &args.output {
-                    Some(path) => {
-                        std::fs::write(path, yaml).map_err(|e| Error::Output {
-                            what: path.display().to_string(),
-                            reason: e.to_string(),
-                        })?;
-                        let _ =
-                            writeln!(messages, "wrote the RBAC manifests to {}", path.display());
-                        Ok(())
-                    }
-                    None => write_all(output, "stdout", yaml.as_bytes()),
-                }
+                write_to(
+                    args.output.as_deref(),
+                    "RBAC manifests",
+                    output,
+                    messages,
+                    &yaml,
+                )
             }
             Manifests::Rbac(RbacCommand::Verify(args)) => {
                 let (what, manifests) = match &args.file {
@@ -235,6 +247,10 @@ impl Manifests {
                 write_all(output, "stdout", format!("{verification}\n").as_bytes())?;
                 verification.into_result().map(|_| ())
             }
+            Manifests::All(args) => {
+                let yaml = crate::deploy::manifests(operator, args).await?;
+                write_to(args.output.as_deref(), "manifests", output, messages, &yaml)
+            }
             Manifests::Crds => {
                 let crds = operator.blueprint().crds;
                 if crds.is_empty() {
@@ -251,6 +267,27 @@ impl Manifests {
                 write_all(output, "stdout", yaml.as_bytes())
             }
         }
+    }
+}
+
+/// Writes manifests to `path` (saying so on `messages`), or to `output` when there is none.
+fn write_to(
+    path: Option<&std::path::Path>,
+    what: &str,
+    output: &mut (dyn Write + Send),
+    messages: &mut (dyn Write + Send),
+    yaml: &str,
+) -> crate::Result<()> {
+    match path {
+        Some(path) => {
+            std::fs::write(path, yaml).map_err(|e| Error::Output {
+                what: path.display().to_string(),
+                reason: e.to_string(),
+            })?;
+            let _ = writeln!(messages, "wrote the {what} to {}", path.display());
+            Ok(())
+        }
+        None => write_all(output, "stdout", yaml.as_bytes()),
     }
 }
 

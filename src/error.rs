@@ -69,6 +69,10 @@ pub enum Error {
     /// The RBAC could not be derived, or (`rbac verify`) is not all granted.
     #[error(transparent)]
     Rbac(#[from] RbacError),
+    /// `manifests` was given options it cannot deploy (a name that is not a Kubernetes name, several
+    /// replicas with nothing to make them take turns, ...).
+    #[error("cannot make the manifests: {0}")]
+    Deploy(String),
     /// A command's input could not be read.
     #[error("cannot read {what}: {reason}")]
     Input {

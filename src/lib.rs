@@ -13,6 +13,7 @@ pub use kactor_emulator as emulator;
 
 pub mod cli;
 mod command;
+pub mod deploy;
 mod error;
 mod liveness;
 pub mod logging;

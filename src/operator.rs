@@ -821,6 +821,7 @@ impl Operator {
     }
 
     /// Where health and metrics are served, if set.
+    #[cfg(feature = "emulator")]
     pub(crate) fn liveness_url(&self) -> Option<&str> {
         self.liveness.as_deref()
     }

@@ -17,7 +17,7 @@
 //! * `namespaces`: `list` and `watch`, when `-n` has globs or negations (namespaces are followed).
 //! * Peering, unless standalone: `clusterkopfpeerings.kopf.dev` (cluster-wide operators and `-n`
 //!   with globs) or `kopfpeerings.kopf.dev` in each served namespace: `list` and `watch`, and `get` and
-//!   `patch` of the peering object (Kopf's verbs). Whether the CRD is served is read from discovery,
+//!   `patch` of the peering object (Kopf's verbs), and `create` with `--create-peering`. Whether the CRD is served is read from discovery,
 //!   which needs no permission.
 //! * Leader election: `leases.coordination.k8s.io` in the lease's namespace: `create`, and `get` and
 //!   `update` of the lease itself.
@@ -189,6 +189,8 @@ struct Setup {
     served: Served,
     /// The peering mode and object's name; None: standalone.
     peering: Option<(PeeringMode, String)>,
+    /// Whether it creates a missing peering object (`--create-peering`, with `--peering`).
+    create_peering: bool,
     /// The lease's name and namespace; None: no leader election.
     lease: Option<(String, String)>,
     /// The handlers' own needs.
@@ -232,6 +234,8 @@ impl Setup {
                 name: args.service_account_name(),
             },
             served,
+            create_peering: run.create_peering
+                && matches!(peering, Some((PeeringMode::Mandatory, _))),
             peering,
             lease,
             extra: blueprint.extra.to_vec(),
@@ -401,7 +405,7 @@ impl Setup {
                 ));
                 permissions.push(
                     Permission::new(
-                        place,
+                        place.clone(),
                         "kopf.dev",
                         plural,
                         &["get", "patch"],
@@ -409,6 +413,16 @@ impl Setup {
                     )
                     .named(name),
                 );
+                if self.create_peering {
+                    // `create` cannot be limited by resourceNames: the name is not known before.
+                    permissions.push(Permission::new(
+                        place,
+                        "kopf.dev",
+                        plural,
+                        &["create"],
+                        &format!("{how}; it creates the peering object when it is missing (--create-peering)"),
+                    ));
+                }
             }
         }
         for extra in self.extra.iter() {
@@ -1211,6 +1225,40 @@ mod tests {
         assert!(requirements.permissions[0]
             .why
             .starts_with("widgets.example.com is handled by create_fn, update_fn, tick:"));
+    }
+
+    #[tokio::test]
+    async fn creating_the_peering_object_needs_create_in_each_place_and_only_when_mandatory() {
+        let requirements = derive(
+            &widgets_operator(),
+            &["-n", "team-a", "--peering", "ops", "--create-peering"],
+        )
+        .await;
+        let namespaced = rules(&requirements);
+        assert!(
+            namespaced.contains(&r#"team-a "kopf.dev" kopfpeerings create"#.to_string()),
+            "{namespaced:?}"
+        );
+        let cluster_wide = derive(
+            &widgets_operator(),
+            &["-A", "-P", "ops", "--create-peering"],
+        )
+        .await;
+        assert!(rules(&cluster_wide)
+            .contains(&r#"cluster "kopf.dev" clusterkopfpeerings create"#.to_string()));
+        // Auto-detected or standalone peering creates nothing: the option needs --peering.
+        for options in [
+            &["-A", "--create-peering"][..],
+            &["-A", "--standalone", "-P", "ops", "--create-peering"],
+        ] {
+            let requirements = derive(&widgets_operator(), options).await;
+            assert!(
+                !rules(&requirements)
+                    .iter()
+                    .any(|rule| rule.ends_with(" create") && rule.contains("peerings")),
+                "{options:?}"
+            );
+        }
     }
 
     #[tokio::test]

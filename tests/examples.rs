@@ -572,18 +572,23 @@ async fn any_operator_runs_on_the_embedded_api_server_with_emulator() {
     .unwrap();
     assert_eq!(status(&greeted)["greet"]["message"], "hello, kactor");
 
+    let status = terminate(&mut child, DEMO_WAIT).await;
+    assert!(status.success(), "{status}");
+    assert!(!kubeconfig.exists(), "the kubeconfig is removed at exit");
+}
+
+/// Sends SIGTERM to the program, as Kubernetes does to stop a pod, and waits for it to exit.
+async fn terminate(child: &mut tokio::process::Child, wait: Duration) -> std::process::ExitStatus {
     let pid = child.id().unwrap().to_string();
     let killed = std::process::Command::new("kill")
         .args(["-TERM", &pid])
         .status()
         .unwrap();
     assert!(killed.success());
-    let status = tokio::time::timeout(DEMO_WAIT, child.wait())
+    tokio::time::timeout(wait, child.wait())
         .await
-        .expect("it exits in time")
-        .unwrap();
-    assert!(status.success(), "{status}");
-    assert!(!kubeconfig.exists(), "the kubeconfig is removed at exit");
+        .expect("the program exits in time after SIGTERM")
+        .unwrap()
 }
 
 /// The longest the program's demo may take: far more than it needs, even on a loaded machine.
@@ -671,16 +676,7 @@ async fn the_example_plays_its_demo_on_the_emulator_and_exits_cleanly_on_sigterm
     .await;
     assert!(body.contains("deployment_changes"), "{body}");
 
-    let pid = child.id().unwrap().to_string();
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let status = tokio::time::timeout(WAIT, child.wait())
-        .await
-        .expect("the program exits in time after SIGTERM")
-        .unwrap();
+    let status = terminate(&mut child, WAIT).await;
     let mut rest = Vec::new();
     while let Some(line) = stdout.next_line().await.unwrap() {
         rest.push(line);
@@ -711,44 +707,268 @@ fn the_example_prints_the_crd_made_from_its_rust_type() {
     assert_eq!(printed, Memcached::crd(), "{yaml}");
 }
 
-/// `deploy/memcached/` holds what the example generates: regenerate them when this fails
-/// (`memcached crds > deploy/memcached/crd.yaml`, and `memcached rbac generate` with the options
-/// below `-o deploy/memcached/rbac.yaml`).
+/// The command that printed `deploy/memcached/manifests.yaml` (its header says so too).
+const DEPLOY_MEMCACHED: [&str; 7] = [
+    "manifests",
+    "--image=memcached-operator:latest",
+    "--all-namespaces",
+    "--log-format=json",
+    "--peering=memcached",
+    "-o",
+    "-",
+];
+
+fn memcached_manifests(args: &[&str]) -> String {
+    let output = std::process::Command::new(memcached_binary())
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{args:?}: {output:?}");
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// Binds every verb on everything to `system:anonymous` (`grant`), or removes that binding.
+async fn grant_anonymous_admin(client: &kube::Client, grant: bool) {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
+    const NAME: &str = "test-anonymous-admin";
+    if !grant {
+        bindings
+            .delete(NAME, &DeleteParams::default())
+            .await
+            .unwrap();
+        roles.delete(NAME, &DeleteParams::default()).await.unwrap();
+        return;
+    }
+    let role = serde_json::from_value(json!({
+        "metadata": {"name": NAME},
+        "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}],
+    }))
+    .unwrap();
+    roles.create(&PostParams::default(), &role).await.unwrap();
+    let binding = serde_json::from_value(json!({
+        "metadata": {"name": NAME},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:anonymous"}],
+    }))
+    .unwrap();
+    bindings
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+}
+
+/// `deploy/memcached/manifests.yaml` is what the example prints: regenerate it when this fails, with
+/// `memcached manifests --image=memcached-operator:latest -A --log-format=json --peering=memcached
+/// -o deploy/memcached/manifests.yaml`. Its `Kustomization` lists it.
 #[test]
 fn the_deploy_manifests_are_what_the_example_generates() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/memcached");
-    let rbac = [
-        "rbac",
-        "generate",
-        "-A",
-        "--peering",
-        "memcached",
-        "--service-account",
-        "memcached",
-        "--service-account-namespace",
-        "memcached-operator",
-    ];
-    for (args, file) in [(&rbac[..], "rbac.yaml"), (&["crds"][..], "crd.yaml")] {
-        let output = std::process::Command::new(memcached_binary())
-            .args(args)
-            .env_remove("KUBECONFIG")
-            .output()
-            .unwrap();
-        assert!(output.status.success(), "{args:?}: {output:?}");
-        let kept = std::fs::read_to_string(root.join(file)).unwrap();
-        assert_eq!(
-            String::from_utf8(output.stdout).unwrap(),
-            kept,
-            "deploy/memcached/{file} is out of date: regenerate it with `memcached {}`",
-            args.join(" ")
+    let printed = memcached_manifests(&DEPLOY_MEMCACHED[..5]);
+    let kept = std::fs::read_to_string(root.join("manifests.yaml")).unwrap();
+    assert_eq!(
+        printed,
+        kept,
+        "deploy/memcached/manifests.yaml is out of date: regenerate it with `memcached {}`",
+        DEPLOY_MEMCACHED[..5].join(" ")
+    );
+    assert!(
+        kept.contains(&DEPLOY_MEMCACHED[..5].join(" ")[10..]),
+        "the header names the command"
+    );
+    let kustomization = std::fs::read_to_string(root.join("Kustomization")).unwrap();
+    assert!(
+        kustomization.contains("- manifests.yaml"),
+        "{kustomization}"
+    );
+    let files: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".yaml") || name.ends_with(".yml") || name.ends_with(".json"))
+        .collect();
+    assert_eq!(
+        files,
+        ["manifests.yaml"],
+        "`kubectl apply -f deploy/memcached/` reads these"
+    );
+}
+
+/// `kubectl apply --server-side -f FILE` as the administrator, which must succeed; what it said.
+async fn kubectl_apply_server_side(
+    cluster: &TestCluster,
+    kubeconfig: &Path,
+    file: &Path,
+) -> String {
+    // kubectl sends no credentials to a server over plain http (client-go reads a kubeconfig's user
+    // only for TLS), and the emulator serves http: there, the anonymous user applies, as admin for a
+    // moment. Operators run with their service accounts' tokens on both servers.
+    let anonymous_admin = cluster.emulator().is_some();
+    if anonymous_admin {
+        grant_anonymous_admin(&cluster.client(), true).await;
+    }
+    let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
+    let applied = std::process::Command::new(&kubectl)
+        .args(["apply", "--server-side", "-f"])
+        .arg(file)
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+        .unwrap_or_else(|e| panic!("{kubectl}: {e}"));
+    let said = String::from_utf8_lossy(&applied.stdout).into_owned();
+    assert!(
+        applied.status.success(),
+        "kubectl apply: {said}{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    if anonymous_admin {
+        grant_anonymous_admin(&cluster.client(), false).await;
+    }
+    said
+}
+
+/// Writes a kubeconfig that authenticates as the service account `namespace/name`.
+async fn write_account_kubeconfig(cluster: &TestCluster, namespace: &str, name: &str, path: &Path) {
+    let mut kubeconfig = cluster.kubeconfig();
+    let account = cluster
+        .config_as_service_account(namespace, name)
+        .await
+        .unwrap();
+    for named in &mut kubeconfig.auth_infos {
+        named.auth_info = Some(account.auth_info.clone());
+    }
+    std::fs::write(path, serde_saphyr::to_string(&kubeconfig).unwrap()).unwrap();
+}
+
+/// Prints the memcached example's manifests into `home` and applies them in one kubectl call; every
+/// object is accepted.
+async fn apply_the_manifests_in_one_go(cluster: &TestCluster, home: &Path) {
+    let admin_kubeconfig = home.join("admin.kubeconfig");
+    cluster.write_kubeconfig(&admin_kubeconfig).unwrap();
+    let manifests = home.join("manifests.yaml");
+    std::fs::write(
+        &manifests,
+        memcached_manifests(&[
+            "manifests",
+            "--image=memcached-operator:test",
+            "-A",
+            "--peering=memcached",
+            "--operator-namespace=memcached-system",
+        ]),
+    )
+    .unwrap();
+    let said = kubectl_apply_server_side(cluster, &admin_kubeconfig, &manifests).await;
+    for object in [
+        "namespace/memcached-system",
+        "customresourcedefinition.apiextensions.k8s.io/memcacheds.cache.example.com",
+        "customresourcedefinition.apiextensions.k8s.io/clusterkopfpeerings.kopf.dev",
+        "serviceaccount/memcached",
+        "clusterrole.rbac.authorization.k8s.io/memcached",
+        "clusterrolebinding.rbac.authorization.k8s.io/memcached",
+        "deployment.apps/memcached",
+        "service/memcached-metrics",
+    ] {
+        assert!(
+            said.contains(&format!("{object} serverside-applied")),
+            "{object}:\n{said}"
         );
     }
-    // The Deployment runs it as that service account, peering through that object.
-    let deployment = std::fs::read_to_string(root.join("deployment.yaml")).unwrap();
-    assert!(deployment.contains("serviceAccountName: memcached"));
-    assert!(deployment.contains("--peering=memcached"));
-    let peering = std::fs::read_to_string(root.join("peering.yaml")).unwrap();
-    assert!(peering.contains("kind: ClusterKopfPeering") && peering.contains("name: memcached"));
+}
+
+/// `manifests` in one `kubectl apply --server-side` on an empty cluster (RBAC on): every object is
+/// accepted; then the program runs with the Deployment's own arguments and environment, as its
+/// service account: it creates its peering object, handles a Memcached, and no request is denied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_manifests_apply_in_one_go_and_the_operator_works_with_exactly_them() {
+    let cluster = TestCluster::builder().rbac(true).start().await.unwrap();
+    let home = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("memcached-manifests-{}", std::process::id()));
+    std::fs::create_dir_all(&home).unwrap();
+    apply_the_manifests_in_one_go(&cluster, &home).await;
+
+    // The program, run as the Deployment runs it.
+    let deployments: Api<Deployment> = Api::namespaced(cluster.client(), "memcached-system");
+    let deployment = deployments.get("memcached").await.unwrap();
+    let pod = deployment.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.service_account_name.as_deref(), Some("memcached"));
+    let container = &pod.containers[0];
+    assert_eq!(container.image.as_deref(), Some("memcached-operator:test"));
+    let port = free_port();
+    // Health on a free local port rather than the pod's 0.0.0.0:8080.
+    let args: Vec<String> = container
+        .args
+        .clone()
+        .unwrap()
+        .into_iter()
+        .map(|arg| {
+            arg.replace(
+                "--liveness=http://0.0.0.0:8080",
+                &format!("--liveness=http://127.0.0.1:{port}"),
+            )
+        })
+        .collect();
+    assert!(args.contains(&"--create-peering".to_string()), "{args:?}");
+    let account_kubeconfig = home.join("account.kubeconfig");
+    write_account_kubeconfig(
+        &cluster,
+        "memcached-system",
+        "memcached",
+        &account_kubeconfig,
+    )
+    .await;
+    let log = home.join("operator.log");
+    let mut child = tokio::process::Command::new(memcached_binary())
+        .args(&args)
+        .env("KUBECONFIG", &account_kubeconfig)
+        .env("POD_ID", "memcached-7d4b9-x2x1z")
+        .env("POD_NAMESPACE", "memcached-system")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+
+    let peerings = Api::<DynamicObject>::all_with(
+        cluster.client(),
+        &ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            "kopf.dev",
+            "v1",
+            "ClusterKopfPeering",
+        )),
+    );
+    until(
+        &peerings,
+        "memcached",
+        "the operator's record in the peering it created",
+        |p| p.is_some_and(|p| p.data["status"].get("memcached-7d4b9-x2x1z").is_some()),
+    )
+    .await;
+    let memcacheds: Api<Memcached> = Api::namespaced(cluster.client(), "default");
+    memcacheds
+        .create(
+            &PostParams::default(),
+            &Memcached::new("cache", MemcachedSpec { size: 2 }),
+        )
+        .await
+        .unwrap();
+    let made: Api<Deployment> = Api::namespaced(cluster.client(), "default");
+    until(&made, "cache", "the Memcached's Deployment", |d| {
+        d.is_some()
+    })
+    .await;
+    until_answer(port, "/readyz", "readiness", |code, _| code == 200).await;
+
+    let status = terminate(&mut child, WAIT).await;
+    let output = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "{status}:\n{output}");
+    for denied in ["403", "Forbidden", "forbidden"] {
+        assert!(!output.contains(denied), "a request was denied:\n{output}");
+    }
+    assert!(
+        output.contains("Created the missing peering object 'memcached' cluster-wide"),
+        "{output}"
+    );
+    let _ = std::fs::remove_dir_all(&home);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -155,7 +155,7 @@ async fn stop_signal() {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "emulator"))]
 mod tests {
     use super::*;
     use std::time::Duration;

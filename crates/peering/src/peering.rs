@@ -85,6 +85,11 @@ pub struct PeeringSettings {
     /// Do not log the keep-alives (pauses, resumes and problems are still logged). Default false, as
     /// in Kopf.
     pub stealth: bool,
+    /// In [`PeeringMode::Mandatory`]: create the peering object when its CRD is served and the
+    /// object is missing, instead of staying paused until someone creates it (Kopf's behaviour, and
+    /// the default, false). It is created empty, as Kopf's users create it; operators set it from
+    /// `--create-peering`.
+    pub create_missing: bool,
 }
 
 impl Default for PeeringSettings {
@@ -97,6 +102,7 @@ impl Default for PeeringSettings {
             clusterwide: false,
             namespaces: Vec::new(),
             stealth: false,
+            create_missing: false,
         }
     }
 }

@@ -395,6 +395,56 @@ async fn mandatory_peering_stays_paused_without_the_crd_and_resumes_once_crd_and
     wait_no_record(&api, "strict").await;
 }
 
+/// `--create-peering`: a mandatory operator whose peering object is missing creates it (cluster-wide
+/// and in each served namespace, once the CRD is there) and peers through it; without the CRD it stays
+/// paused as without the option.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mandatory_peering_with_create_missing_creates_the_missing_objects_and_peers() {
+    let cluster = TestCluster::start().await.expect("the cluster starts");
+    let client = cluster.client();
+    let mut cluster_wide = settings(0, 3, PeeringMode::Mandatory);
+    cluster_wide.create_missing = true;
+    let operator = Operator::start(&client, cluster_wide, "creator");
+    let reasons = operator.wait_paused("peering CRD is missing").await;
+    assert!(reasons.contains_key(CRD_MISSING), "{reasons:?}");
+
+    install_crds(&client, "kopf.dev").await;
+    operator.wait_unpaused().await;
+    let api = peerings(&client, "kopf.dev", None);
+    let created = api
+        .get("default")
+        .await
+        .expect("the operator created the object");
+    assert_eq!(
+        created.types.as_ref().map(|t| t.kind.as_str()),
+        Some("ClusterKopfPeering")
+    );
+    wait_record(&api, "creator").await;
+
+    // Namespaced: one KopfPeering in each served namespace; one already there is left as it is.
+    for namespace in ["ns1", "ns2"] {
+        create_namespace(&client, namespace).await;
+    }
+    create_peering(&client, "kopf.dev", Some("ns1")).await;
+    let ns1 = peerings(&client, "kopf.dev", Some("ns1"));
+    let before = ns1.get("default").await.unwrap().metadata.uid;
+    let namespaced = PeeringSettings {
+        lifetime: Duration::from_secs(3),
+        mode: PeeringMode::Mandatory,
+        namespaces: vec!["ns1".into(), "ns2".into()],
+        create_missing: true,
+        ..PeeringSettings::default()
+    };
+    let local = Operator::start(&client, namespaced, "local");
+    local.wait_unpaused().await;
+    let ns2 = peerings(&client, "kopf.dev", Some("ns2"));
+    wait_record(&ns1, "local").await;
+    wait_record(&ns2, "local").await;
+    assert_eq!(ns1.get("default").await.unwrap().metadata.uid, before);
+    local.stop().await;
+    operator.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_detection_without_the_crd_runs_unpaused_and_peers_once_it_appears() {
     let cluster = TestCluster::start().await.expect("the cluster starts");

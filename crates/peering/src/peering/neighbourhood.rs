@@ -12,7 +12,7 @@ use jiff::Timestamp;
 use kactor_reactor::pausing::PauseSwitch;
 use kactor_reactor::settings::{Networking, Watching};
 use kactor_reactor::watching::{EventType, WatchError, WatchItem, Watcher};
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{json, Map, Value};
 use tokio::sync::Notify;
 
@@ -24,6 +24,9 @@ use super::{PeeringMode, PeeringSettings, Stop};
 
 /// The longest a write of the own record (a keep-alive, the removal) or a clean-up may take.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long after a failed creation of the missing peering object it is tried again.
+const CREATE_RETRY: Duration = Duration::from_secs(5);
 
 /// How an observer ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +49,8 @@ pub(crate) struct Neighbourhood {
     lifetime: i64,
     stealth: bool,
     mode: PeeringMode,
+    /// Create the object when it is missing (mandatory mode only).
+    create_missing: bool,
     /// The toggle's key in the pause switch.
     key: String,
     /// Asks the keep-alive for a touch now.
@@ -84,6 +89,7 @@ impl Neighbourhood {
                 .max(1),
             stealth: settings.stealth,
             mode: settings.mode,
+            create_missing: settings.create_missing && settings.mode == PeeringMode::Mandatory,
             key,
             kick: Notify::new(),
         }
@@ -183,9 +189,14 @@ impl Neighbourhood {
                 () = stop.wait() => return Outcome::Stopped,
                 () = tokio::time::sleep(nap), if wake_at.is_some() => {
                     // The earliest blocking peer expires now. As in Kopf, touch the own record, so
-                    // that the object comes back afresh through the watch and is judged again.
+                    // that the object comes back afresh through the watch and is judged again. A
+                    // missing object whose creation failed is looked at (and created) again.
                     wake_at = None;
-                    self.kick.notify_one();
+                    if object.is_none() {
+                        wake_at = self.look(switch, &mut observation, None).await;
+                    } else {
+                        self.kick.notify_one();
+                    }
                 }
                 batch = watcher.next_batch() => {
                     let items = match batch {
@@ -241,6 +252,7 @@ impl Neighbourhood {
         object: Option<&DynamicObject>,
     ) -> Option<Timestamp> {
         let (state, wake_at) = match object {
+            None if self.create_missing => (State::NoObject, self.create().await),
             None => (State::NoObject, None),
             Some(object) => {
                 let status = object.data.get("status").and_then(Value::as_object);
@@ -265,6 +277,32 @@ impl Neighbourhood {
         );
         observation.state = state;
         wake_at
+    }
+
+    /// Creates the missing peering object (`--create-peering`); it then comes through the watch.
+    /// Returns when to try again if it could not.
+    async fn create(&self) -> Option<Timestamp> {
+        let (name, place) = (&self.name, self.place());
+        let object = super::resources::peering_object(name, self.namespace.as_deref());
+        let object: DynamicObject =
+            serde_json::from_value(object).expect("a peering object is a Kubernetes object");
+        let result = tokio::time::timeout(
+            WRITE_TIMEOUT,
+            self.api.create(&PostParams::default(), &object),
+        )
+        .await;
+        let error = match result {
+            Ok(Ok(_)) => {
+                tracing::info!(peering = %name, "Created the missing peering object '{name}' {place} (--create-peering).");
+                return None;
+            }
+            // Someone else created it first: it comes through the watch all the same.
+            Ok(Err(kube::Error::Api(status))) if status.code == 409 => return None,
+            Ok(Err(error)) => error.to_string(),
+            Err(_) => format!("no answer within {WRITE_TIMEOUT:?}"),
+        };
+        tracing::error!(peering = %name, %error, "Cannot create the missing peering object '{name}' {place}; trying again in {CREATE_RETRY:?}.");
+        Some(Timestamp::now() + CREATE_RETRY)
     }
 
     /// Removes the records of dead peers (as Kopf's autoclean); a failure is left for the next look.
