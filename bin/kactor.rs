@@ -6,6 +6,8 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use kactor::emulator::{samples, Emulator};
 
+mod new;
+
 #[derive(Parser)]
 #[command(
     name = "kactor",
@@ -19,6 +21,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Write a new operator crate: a typed CRD, its handlers (or an actor per object), a test on the
+    /// embedded API server, a Dockerfile and a README. It builds and its test passes as written.
+    New(new::NewArgs),
     /// Serve an in-memory Kubernetes API server that kubectl, client libraries and operators can use.
     Emulator {
         /// The port to listen on (on 127.0.0.1); 0 picks a free one.
@@ -104,6 +109,7 @@ struct PeeringTarget {
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::New(args) => new::run(&args),
         Command::Emulator {
             port,
             host,

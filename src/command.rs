@@ -80,14 +80,7 @@ impl Operator {
             .write_kubeconfig(&kubeconfig)
             .map_err(|e| Error::Emulator(e.to_string()))?;
         let client = emulator.client();
-        let crds: kube::Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
-            kube::Api::all(client.clone());
-        for crd in self.declared_crds() {
-            let name = crd.metadata.name.clone().unwrap_or_default();
-            crds.create(&kube::api::PostParams::default(), crd)
-                .await
-                .map_err(|e| Error::Emulator(format!("cannot install the CRD {name}: {e}")))?;
-        }
+        self.install_crds(&client).await?;
         let liveness = match self.liveness_url() {
             Some(url) => url.to_string(),
             None => {

@@ -69,6 +69,14 @@ pub enum Error {
     /// The RBAC could not be derived, or (`rbac verify`) is not all granted.
     #[error(transparent)]
     Rbac(#[from] RbacError),
+    /// A declared CRD could not be installed ([`crate::Operator::install_crds`]).
+    #[error("cannot install the CRD {name}: {reason}")]
+    InstallCrd {
+        /// The CRD's name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
     /// `manifests` was given options it cannot deploy (a name that is not a Kubernetes name, several
     /// replicas with nothing to make them take turns, ...).
     #[error("cannot make the manifests: {0}")]

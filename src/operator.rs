@@ -789,6 +789,57 @@ impl Operator {
         self
     }
 
+    /// Installs the CRDs declared with [`crd`](Self::crd) through `client` (server-side apply, so
+    /// that CRDs already there are updated), and waits until each is established and served: what
+    /// `--emulator` does before the operator starts, and what a test does against its own cluster.
+    ///
+    /// ```no_run
+    /// # async fn example(operator: kactor::Operator) -> kactor::Result<()> {
+    /// let emulator = kactor::emulator::Emulator::start().await.unwrap();
+    /// operator.install_crds(&emulator.client()).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn install_crds(&self, client: &kube::Client) -> Result<()> {
+        let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+        let params = kube::api::PatchParams::apply("kactor").force();
+        for crd in &self.crds {
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            let failed = |reason: String| Error::InstallCrd {
+                name: name.clone(),
+                reason,
+            };
+            let mut crd = crd.clone();
+            crd.metadata.managed_fields = None;
+            crd.metadata.resource_version = None;
+            let body = serde_json::json!({
+                "apiVersion": "apiextensions.k8s.io/v1",
+                "kind": "CustomResourceDefinition",
+                "metadata": {"name": name},
+                "spec": crd.spec,
+            });
+            api.patch(&name, &params, &kube::api::Patch::Apply(&body))
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+            loop {
+                let now = api.get(&name).await.map_err(|e| failed(e.to_string()))?;
+                let established = now.status.and_then(|s| s.conditions).is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True")
+                });
+                if established {
+                    break;
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(failed("not established within 30 s".to_string()));
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+        Ok(())
+    }
+
     /// Declares what the handlers do with their own client, for `rbac generate` and `rbac verify`
     /// (kactor derives what it does itself, not what handlers do): `verbs` on `resource` (a plural,
     /// or `plural/subresource`) of API `group` (`""`: core), and why. The rule goes where the
