@@ -227,10 +227,22 @@ pub struct RunArgs {
     ///
     /// It installs the operator's own CRDs, writes a kubeconfig for kubectl, serves health and
     /// metrics (at --liveness, or on a free local port), prints where all of it is, and runs alone
-    /// until Ctrl-C. Nothing is kept after the exit. The server runs no controllers: a Deployment
-    /// makes no pods.
+    /// until Ctrl-C. Nothing is kept after the exit, unless --emulator-state says where. The server
+    /// runs no controllers: a Deployment makes no pods.
     #[arg(long, env = "KACTOR_EMULATOR", action = ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
     pub emulator: bool,
+
+    /// With --emulator: keep what was created in this file, and find it again at the next start.
+    ///
+    /// Restored at start (a file that is not a saved state is an error, and is left as it is),
+    /// written every second while something changes, and at exit.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "KACTOR_EMULATOR_STATE",
+        requires = "emulator"
+    )]
+    pub emulator_state: Option<PathBuf>,
 }
 
 impl RunArgs {
@@ -254,8 +266,8 @@ impl RunArgs {
 
     /// These options as a command line for `run` (without the program's name), the inverse of
     /// parsing: only what differs from the defaults, so that parsing it gives these options back.
-    /// `manifests` writes the Deployment's `args` with it. `--emulator` is left out (a Deployment runs
-    /// on its cluster).
+    /// `manifests` writes the Deployment's `args` with it. `--emulator` and `--emulator-state` are
+    /// left out (a Deployment runs on its cluster).
     ///
     /// ```
     /// use kactor::cli::OperatorCli;

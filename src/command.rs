@@ -49,14 +49,17 @@ impl Operator {
             tracing::warn!("{warning}");
         }
         if args.emulator {
-            return self.with_args(&args).run_on_emulator().await;
+            return self
+                .with_args(&args)
+                .run_on_emulator(args.emulator_state.as_deref())
+                .await;
         }
         self.with_args(&args).run().await
     }
 
     /// `--emulator` in a build without kactor's `emulator` feature: a clear error.
     #[cfg(not(feature = "emulator"))]
-    async fn run_on_emulator(self) -> Result<()> {
+    async fn run_on_emulator(self, _state: Option<&std::path::Path>) -> Result<()> {
         Err(Error::Emulator(
             "this program was built without kactor's `emulator` feature (default-features = false); \
              build it with the feature, or run it against a cluster"
@@ -65,60 +68,18 @@ impl Operator {
     }
 
     /// `--emulator`: runs on kactor's embedded API server, with the operator's CRDs installed, a
-    /// kubeconfig for kubectl and health on a free port (or `--liveness`), until SIGINT or SIGTERM.
+    /// kubeconfig for kubectl, health on a free port (or `--liveness`) and, with
+    /// `--emulator-state FILE`, what was created kept across restarts; until SIGINT or SIGTERM.
     #[cfg(feature = "emulator")]
-    async fn run_on_emulator(self) -> Result<()> {
-        let emulator = kactor_emulator::Emulator::start()
-            .await
-            .map_err(|e| Error::Emulator(e.to_string()))?;
+    async fn run_on_emulator(self, state: Option<&std::path::Path>) -> Result<()> {
         let program = crate::cli::program_name().unwrap_or_else(|| crate::cli::DEFAULT_NAME.into());
-        let kubeconfig = std::env::temp_dir().join(format!(
-            "{program}-emulator-{}.kubeconfig",
-            emulator.addr().port()
-        ));
-        emulator
-            .write_kubeconfig(&kubeconfig)
-            .map_err(|e| Error::Emulator(e.to_string()))?;
-        let client = emulator.client();
-        self.install_crds(&client).await?;
-        let liveness = match self.liveness_url() {
-            Some(url) => url.to_string(),
-            None => {
-                let port = std::net::TcpListener::bind(("127.0.0.1", 0))
-                    .and_then(|l| l.local_addr())
-                    .map_err(|e| Error::Emulator(format!("cannot find a free port: {e}")))?
-                    .port();
-                format!("http://127.0.0.1:{port}/healthz")
-            }
-        };
-        let base = liveness
-            .find("/healthz")
-            .map_or(liveness.as_str(), |at| &liveness[..at]);
-        println!("{program} on kactor's embedded Kubernetes API server (--emulator): in this process, in memory");
-        println!("  API server  {}", emulator.url());
-        println!("  kubectl     export KUBECONFIG={}", kubeconfig.display());
-        println!(
-            "  CRDs        {}",
-            self.declared_crds()
-                .iter()
-                .filter_map(|c| c.metadata.name.clone())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        println!("  liveness    {liveness}");
-        println!("  metrics     {base}/metrics");
-        println!("Ctrl-C to stop; nothing is kept.");
-        let result = self
-            .client(client)
-            .standalone()
-            .liveness(&liveness)
-            .run()
-            .await;
-        if let Err(error) = std::fs::remove_file(&kubeconfig) {
-            tracing::debug!(%error, "cannot remove the emulator's kubeconfig");
-        }
-        drop(emulator);
-        result
+        let (operator, emulated) = self.on_emulator(state).await?;
+        println!("{program} on kactor's embedded Kubernetes API server (--emulator), in memory:");
+        println!("{}", emulated.summary());
+        println!("Ctrl-C to stop.");
+        let result = operator.run().await;
+        let closed = emulated.close().await;
+        result.and(closed)
     }
 
     /// Applies the options of `run` (scope, peering, priority, leader election, liveness), as

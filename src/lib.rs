@@ -14,6 +14,8 @@ pub use kactor_emulator as emulator;
 pub mod cli;
 mod command;
 pub mod deploy;
+#[cfg(feature = "emulator")]
+pub mod emulated;
 mod error;
 mod liveness;
 pub mod logging;

@@ -577,6 +577,134 @@ async fn any_operator_runs_on_the_embedded_api_server_with_emulator() {
     assert!(!kubeconfig.exists(), "the kubeconfig is removed at exit");
 }
 
+/// The hello example started with `args` (`--emulator` among them), its log going to `log`; the
+/// running program, and its greetings through the kubeconfig it printed.
+async fn start_hello(
+    args: &[&str],
+    log: &Path,
+) -> (tokio::process::Child, Api<DynamicObject>, PathBuf) {
+    let mut child = tokio::process::Command::new(build_example("hello"))
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the example starts");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let kubeconfig = tokio::time::timeout(DEMO_WAIT, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(path) = line.trim().strip_prefix("kubectl     export KUBECONFIG=") {
+                return PathBuf::from(path);
+            }
+        }
+        panic!("the program ended without printing its kubeconfig");
+    })
+    .await
+    .expect("the kubeconfig is printed in time");
+    // The rest of stdout is read, so that a full pipe never blocks the program.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    let greetings = Api::namespaced_with(
+        kube::Client::try_from(config).unwrap(),
+        "default",
+        &ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk("example.com", "v1", "Greeting"),
+            "greetings",
+        ),
+    );
+    (child, greetings, kubeconfig)
+}
+
+/// Creates a Greeting and waits for the greeting its handler leaves in its status.
+async fn greet(greetings: &Api<DynamicObject>, name: &str) -> Value {
+    let greeting = json!({
+        "apiVersion": "example.com/v1", "kind": "Greeting",
+        "metadata": {"name": name}, "spec": {"name": name}
+    });
+    greetings
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(greeting).unwrap(),
+        )
+        .await
+        .unwrap();
+    let greeted = support::until(greetings, name, "the greeting", |g| {
+        g.is_some_and(|g| !status(g)["greet"].is_null())
+    })
+    .await
+    .unwrap();
+    status(&greeted)["greet"].clone()
+}
+
+/// `--emulator-state FILE`: what was created is there again after a restart, as it was (nothing
+/// handled again), after a clean exit and after a SIGKILL once it was saved; a file that is not a
+/// saved state stops the program with a clear error, and is left as it was.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_state_file_the_emulator_keeps_what_was_created_across_restarts() {
+    let home =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("hello-state-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&home);
+    std::fs::create_dir_all(&home).unwrap();
+    let state = home.join("state.json");
+    let state_arg = format!("--emulator-state={}", state.display());
+    let args = ["--emulator", state_arg.as_str()];
+    let log = home.join("first.log");
+    let (mut child, greetings, _) = start_hello(&args, &log).await;
+    let first = greet(&greetings, "first").await;
+    assert!(terminate(&mut child, DEMO_WAIT).await.success());
+    assert!(state.is_file(), "saved at exit");
+
+    // Again: the greeting is there as it was, and its handler does not run again.
+    let log = home.join("second.log");
+    let (mut child, greetings, _) = start_hello(&args, &log).await;
+    let again = greetings.get("first").await.unwrap();
+    assert_eq!(status(&again)["greet"], first);
+    let second = greet(&greetings, "second").await;
+    // Saved every second while something changes: a SIGKILL after that loses nothing.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    let handled = std::fs::read_to_string(&log).unwrap();
+    assert!(handled.contains("[default/second]"), "{handled}");
+    assert!(
+        !handled.contains("[default/first]"),
+        "first is not handled again:\n{handled}"
+    );
+
+    let log = home.join("third.log");
+    let (mut child, greetings, _) = start_hello(&args, &log).await;
+    for (name, greeting) in [("first", &first), ("second", &second)] {
+        assert_eq!(
+            &status(&greetings.get(name).await.unwrap())["greet"],
+            greeting
+        );
+    }
+    assert!(terminate(&mut child, DEMO_WAIT).await.success());
+
+    // Not a saved state: a clear error, and the file is left as it was.
+    std::fs::write(&state, "{\"not\": \"a state\"}").unwrap();
+    let output = tokio::process::Command::new(build_example("hello"))
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    assert!(!output.status.success());
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(said.contains("not an emulator state"), "{said}");
+    assert_eq!(
+        std::fs::read_to_string(&state).unwrap(),
+        "{\"not\": \"a state\"}"
+    );
+    let _ = std::fs::remove_dir_all(&home);
+}
+
 /// Sends SIGTERM to the program, as Kubernetes does to stop a pod, and waits for it to exit.
 async fn terminate(child: &mut tokio::process::Child, wait: Duration) -> std::process::ExitStatus {
     let pid = child.id().unwrap().to_string();

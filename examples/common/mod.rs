@@ -1,15 +1,12 @@
 //! What the examples' programs share: deciding between a cluster and the embedded emulator,
-//! installing a CRD there, waiting for the demo's steps, and kactor's `rbac`/`crds` commands.
+//! waiting for the demo's steps, and kactor's `rbac`/`crds`/`manifests` commands.
 //! (Not an example itself: cargo builds `examples/*.rs` and `examples/*/main.rs` only.)
 
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context as _;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kactor::prelude::*;
-use kube::api::{Api, PostParams};
 
 /// How long the demo waits for the operator at each step before it gives up: far more than it
 /// needs, even on a loaded machine.
@@ -23,20 +20,6 @@ pub fn cluster_configured() -> bool {
         .or_else(|| std::env::var_os("USERPROFILE"))
         .is_some_and(|home| Path::new(&home).join(".kube").join("config").is_file());
     set("KUBECONFIG") || home_config || set("KUBERNETES_SERVICE_HOST")
-}
-
-/// Installs a CRD; one that exists already is fine.
-pub async fn install_crd(
-    client: &kube::Client,
-    crd: CustomResourceDefinition,
-) -> anyhow::Result<()> {
-    let name = crd.metadata.name.clone().unwrap_or_default();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    match crds.create(&PostParams::default(), &crd).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(()),
-        Err(error) => Err(error).with_context(|| format!("cannot install the CRD {name}")),
-    }
 }
 
 /// Asks until `check` says yes, for up to [`DEMO_WAIT`].

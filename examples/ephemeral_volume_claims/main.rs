@@ -24,10 +24,8 @@ use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kactor::cli::RunArgs;
-use kactor::emulator::Emulator;
 use kactor::logging::LogFormat;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::CustomResourceExt;
 use operator::{EphemeralVolumeClaim, EphemeralVolumeClaimSpec};
 
 /// Kopf's walkthrough operator: an `EphemeralVolumeClaim` (kopf.dev/v1, `evc`) gets a
@@ -121,41 +119,28 @@ async fn on_cluster(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Starts the emulator, installs the CRD, runs the operator on it, plays the demo, and serves
-/// until Ctrl-C.
+/// Runs the operator on kactor's embedded API server (`Operator::on_emulator`, what `--emulator`
+/// does for any operator), plays the demo beside it, and serves until Ctrl-C.
 async fn on_emulator(args: RunArgs, why: &str) -> anyhow::Result<()> {
-    let emulator = Emulator::start().await?;
-    let kubeconfig =
-        std::env::temp_dir().join(format!("kactor-evc-{}.kubeconfig", emulator.addr().port()));
-    emulator.write_kubeconfig(&kubeconfig)?;
-    common::install_crd(&emulator.client(), EphemeralVolumeClaim::crd()).await?;
+    let (operator, emulated) = operator::operator()
+        .with_args(&args)
+        .on_emulator(args.emulator_state.as_deref())
+        .await?;
     println!(
         "Kopf's walkthrough operator, made with kactor, on an embedded Kubernetes API emulator"
     );
-    println!("({why}).");
+    println!("({why}; no volumes are really bound).");
     println!();
-    println!(
-        "  API server  {} (in this process, in memory; no volumes are really bound)",
-        emulator.url()
-    );
-    println!("  kubectl     export KUBECONFIG={}", kubeconfig.display());
-    println!("  CRD         ephemeralvolumeclaims.kopf.dev, installed (made from the Rust type EphemeralVolumeClaim)");
+    println!("{}", emulated.summary());
     println!();
-
-    // The emulator has no other operators to peer with.
-    let operator = operator::operator()
-        .with_args(&args)
-        .client(emulator.client())
-        .standalone();
-    let demo = tokio::spawn(demo(emulator.client(), kubeconfig.clone()));
+    let demo = tokio::spawn(demo(emulated.client(), emulated.kubeconfig().to_path_buf()));
     // Until SIGINT (Ctrl-C) or SIGTERM.
     let result = operator.run().await;
     demo.abort();
-    if let Err(error) = std::fs::remove_file(&kubeconfig) {
-        tracing::debug!(%error, path = %kubeconfig.display(), "cannot remove the kubeconfig");
-    }
+    let closed = emulated.close().await;
     println!("Stopped.");
     result?;
+    closed?;
     Ok(())
 }
 

@@ -16,7 +16,7 @@ mod common;
 mod operator;
 
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
@@ -26,10 +26,8 @@ use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
 use k8s_openapi::api::apps::v1::Deployment;
 use kactor::actors::Actors;
 use kactor::cli::RunArgs;
-use kactor::emulator::Emulator;
 use kactor::logging::LogFormat;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::CustomResourceExt;
 use operator::actor::{MemcachedActor, Request};
 use operator::{Memcached, MemcachedSpec};
 
@@ -147,51 +145,31 @@ async fn on_cluster(args: RunArgs, actor: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Starts the emulator, installs the CRD, runs the operator on it, plays the demo, and serves
-/// until Ctrl-C.
-async fn on_emulator(args: RunArgs, actor: bool, why: &str) -> anyhow::Result<()> {
-    let emulator = Emulator::start().await?;
-    let kubeconfig = std::env::temp_dir().join(format!(
-        "kactor-memcached-{}.kubeconfig",
-        emulator.addr().port()
-    ));
-    emulator.write_kubeconfig(&kubeconfig)?;
-    common::install_crd(&emulator.client(), Memcached::crd()).await?;
-    let liveness = match &args.liveness {
-        Some(url) => url.clone(),
-        None => format!("http://127.0.0.1:{}/healthz", health_port()?),
-    };
-    let base = server_base(&liveness);
-    println!("The memcached operator, made with kactor, on an embedded Kubernetes API emulator");
-    println!("({why}).");
-    println!();
-    println!(
-        "  API server  {} (in this process, in memory; no pods really run)",
-        emulator.url()
-    );
-    println!("  kubectl     export KUBECONFIG={}", kubeconfig.display());
-    println!("  liveness    {liveness}");
-    println!("  readiness   {base}/readyz");
-    println!("  metrics     {base}/metrics");
-    println!(
-        "  CRD         memcacheds.cache.example.com, installed (made from the Rust type Memcached)"
-    );
-    println!();
-
-    // The emulator has no other operators to peer with.
-    let operator = build(actor)?
+/// Runs the operator on kactor's embedded API server (`Operator::on_emulator`, what `--emulator`
+/// does for any operator), plays the demo beside it, and serves until Ctrl-C.
+async fn on_emulator(mut args: RunArgs, actor: bool, why: &str) -> anyhow::Result<()> {
+    if args.liveness.is_none() {
+        args.liveness = Some(format!("http://127.0.0.1:{}/healthz", health_port()?));
+    }
+    let (operator, emulated) = build(actor)?
         .with_args(&args)
-        .client(emulator.client())
-        .standalone()
-        .liveness(&liveness);
+        .on_emulator(args.emulator_state.as_deref())
+        .await?;
+    println!("The memcached operator, made with kactor, on an embedded Kubernetes API emulator");
+    println!("({why}; no pods really run: the emulator has no controllers).");
+    println!();
+    println!("{}", emulated.summary());
+    println!();
     let actors = actor.then(|| operator.actors::<MemcachedActor>());
-    let demo = tokio::spawn(demo(emulator.client(), kubeconfig.clone(), actors));
+    let kubeconfig = emulated.kubeconfig().to_path_buf();
+    let demo = tokio::spawn(demo(emulated.client(), kubeconfig, actors));
     // Until SIGINT (Ctrl-C) or SIGTERM.
     let result = operator.run().await;
     demo.abort();
-    remove_kubeconfig(&kubeconfig);
+    let closed = emulated.close().await;
     println!("Stopped.");
     result?;
+    closed?;
     Ok(())
 }
 
@@ -301,17 +279,4 @@ fn health_port() -> anyhow::Result<u16> {
     }
     let listener = TcpListener::bind(("127.0.0.1", 0)).context("cannot find a free port")?;
     Ok(listener.local_addr()?.port())
-}
-
-/// `http://host:port` of a liveness URL `http://host:port/path`.
-fn server_base(url: &str) -> String {
-    let rest = url.strip_prefix("http://").unwrap_or(url);
-    let authority = rest.split('/').next().unwrap_or(rest);
-    format!("http://{authority}")
-}
-
-fn remove_kubeconfig(path: &Path) {
-    if let Err(error) = std::fs::remove_file(path) {
-        tracing::debug!(%error, path = %path.display(), "cannot remove the kubeconfig");
-    }
 }

@@ -8,8 +8,12 @@ use orchestra::Orchestra;
 
 impl Operator {
     /// Runs until SIGINT or SIGTERM, then shuts down gracefully; a second signal returns at once.
+    /// The signals are caught from the call on, before the operator has even connected.
     pub async fn run(self) -> Result<()> {
-        self.serve(stop_signal(), stop_signal()).await
+        let stop = stop_signal();
+        // The second signal's listener starts when the first has been received (when `serve`
+        // first polls it, during the shutdown), so that the first signal does not count twice.
+        self.serve(stop, async { stop_signal().await }).await
     }
 
     /// Runs until `stop` completes, then shuts down gracefully. It installs no signal handlers: it is
@@ -130,28 +134,42 @@ pub(super) async fn run_activity(
     }
 }
 
-/// SIGINT (Ctrl-C) or SIGTERM.
-async fn stop_signal() {
+/// SIGINT (Ctrl-C) or SIGTERM, caught from this call on: a signal that comes before the future is
+/// first polled is not lost (nor does it kill the process, as it would with no handler).
+fn stop_signal() -> impl Future<Output = ()> + Send {
     #[cfg(unix)]
     {
-        let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        let term = async {
-            match terminate.as_mut() {
-                Some(signal) => {
-                    signal.recv().await;
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut interrupt = signal(SignalKind::interrupt()).ok();
+        let mut terminate = signal(SignalKind::terminate()).ok();
+        async move {
+            let interrupted = async {
+                match interrupt.as_mut() {
+                    Some(signal) => {
+                        signal.recv().await;
+                    }
+                    None => std::future::pending().await,
                 }
-                None => std::future::pending().await,
+            };
+            let terminated = async {
+                match terminate.as_mut() {
+                    Some(signal) => {
+                        signal.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = interrupted => {}
+                () = terminated => {}
             }
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            () = term => {}
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 

@@ -68,6 +68,17 @@ pub enum Error {
     /// The client for the emulator could not be built.
     #[error("cannot build a Kubernetes client for the emulator: {0}")]
     Client(#[from] kube::Error),
+    /// A saved state is not one ([`Emulator::restore`], [`Emulator::load_state`]).
+    #[error("cannot restore the emulator's state: {0}")]
+    State(String),
+    /// A state file could not be read or written.
+    #[error("cannot read or write the emulator's state file {path}: {source}")]
+    StateFile {
+        /// Where.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// The kubeconfig could not be written.
     #[error("cannot write the kubeconfig to {path}: {source}")]
     Kubeconfig {
@@ -312,6 +323,76 @@ impl Emulator {
     /// How many objects are stored, of every kind.
     pub fn object_count(&self) -> usize {
         self.shared.state().object_count()
+    }
+
+    /// Everything stored, as one JSON document for [`restore`](Self::restore):
+    /// `{"kind": "EmulatorState", "resourceVersion": "N", "objects": [...]}`, CRDs first.
+    pub fn state(&self) -> serde_json::Value {
+        let state = self.shared.state();
+        serde_json::json!({
+            "apiVersion": "kactor.dev/v1",
+            "kind": "EmulatorState",
+            "resourceVersion": state.rv().to_string(),
+            "objects": state.dump(),
+        })
+    }
+
+    /// Stores what [`state`](Self::state) gave, as it was (uids, timestamps, finalizers, deletion
+    /// marks), beside what is stored now; objects of the same name are replaced. Returns how many
+    /// objects were restored. Watchers see them as ADDED or MODIFIED.
+    pub fn restore(&self, state: &serde_json::Value) -> Result<usize, Error> {
+        let invalid = |reason: String| Error::State(reason);
+        if state["kind"] != "EmulatorState" {
+            return Err(invalid(
+                "not an emulator state (kind EmulatorState)".to_string(),
+            ));
+        }
+        let rv = state["resourceVersion"]
+            .as_str()
+            .and_then(|rv| rv.parse().ok())
+            .ok_or_else(|| invalid("no resourceVersion".to_string()))?;
+        let objects = state["objects"]
+            .as_array()
+            .ok_or_else(|| invalid("no objects".to_string()))?
+            .clone();
+        self.shared.state().restore(rv, objects).map_err(invalid)
+    }
+
+    /// Writes [`state`](Self::state) to a file, atomically: a crash mid-write leaves the previous
+    /// file whole.
+    pub fn save_state(&self, path: impl AsRef<Path>) -> Result<(), Error> {
+        let path = path.as_ref();
+        let failed = |source: std::io::Error| Error::StateFile {
+            path: path.display().to_string(),
+            source,
+        };
+        let text = serde_json::to_vec(&self.state()).unwrap_or_default();
+        let mut partial = path.as_os_str().to_owned();
+        partial.push(".partial");
+        std::fs::write(&partial, text).map_err(failed)?;
+        std::fs::rename(&partial, path).map_err(failed)
+    }
+
+    /// Restores the state saved in a file by [`save_state`](Self::save_state). A missing file is
+    /// no state (`Ok(None)`); a file that is not one is an error, and nothing is restored.
+    pub fn load_state(&self, path: impl AsRef<Path>) -> Result<Option<usize>, Error> {
+        let path = path.as_ref();
+        let text = match std::fs::read(path) {
+            Ok(text) => text,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => {
+                return Err(Error::StateFile {
+                    path: path.display().to_string(),
+                    source,
+                })
+            }
+        };
+        let state: serde_json::Value = serde_json::from_slice(&text)
+            .map_err(|e| Error::State(format!("{} is not JSON: {e}", path.display())))?;
+        self.restore(&state).map(Some).map_err(|error| match error {
+            Error::State(reason) => Error::State(format!("{}: {reason}", path.display())),
+            other => other,
+        })
     }
 
     /// A kubeconfig for it: cluster, user and context `kactor-emulator`, namespace `default`.

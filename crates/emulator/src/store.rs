@@ -323,6 +323,109 @@ impl State {
         self.collections.values().map(|c| c.objects.len()).sum()
     }
 
+    /// Every stored object, for [`restore`](Self::restore): CRDs first, then namespaces, then the
+    /// rest, each group in the order of their resourceVersions.
+    pub fn dump(&self) -> Vec<Value> {
+        let rank = |gr: &GroupResource| match (gr.group.as_str(), gr.plural.as_str()) {
+            CRDS => 0,
+            ("", "namespaces") => 1,
+            _ => 2,
+        };
+        let mut objects: Vec<(u8, u64, &Arc<Value>)> = self
+            .collections
+            .iter()
+            .flat_map(|(gr, collection)| {
+                collection.objects.values().map(move |object| {
+                    let rv = resource_version(object).parse().unwrap_or(0);
+                    (rank(gr), rv, object)
+                })
+            })
+            .collect();
+        objects.sort_by_key(|(rank, rv, _)| (*rank, *rv));
+        objects
+            .into_iter()
+            .map(|(_, _, object)| (**object).clone())
+            .collect()
+    }
+
+    /// Stores objects as [`dump`](Self::dump) gave them, as they were: uids, timestamps,
+    /// finalizers and deletion marks kept (each gets a new resourceVersion, after `rv`). CRDs make
+    /// their kinds served first. No garbage is collected while restoring: owners stored later still
+    /// count. Objects of a kind that is not served are an error, with nothing half done: the whole
+    /// dump is checked before anything is stored.
+    pub fn restore(&mut self, rv: u64, objects: Vec<Value>) -> Result<usize, String> {
+        let mut placed = Vec::with_capacity(objects.len());
+        let mut crd_kinds: Vec<(String, String)> = Vec::new();
+        for object in objects {
+            let api_version = object["apiVersion"].as_str().unwrap_or_default();
+            let kind = object["kind"].as_str().unwrap_or_default();
+            let group = api_version.rsplit_once('/').map_or("", |(group, _)| group);
+            let name = object
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .filter(|name| !name.is_empty())
+                .ok_or_else(|| format!("an object of kind {kind:?} without metadata.name"))?
+                .to_string();
+            let namespace = object
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            let known = self
+                .collections
+                .iter()
+                .find(|(_, c)| c.rtype.group == group && c.rtype.kind == kind)
+                .map(|(gr, _)| gr.clone());
+            let gr = match known {
+                Some(gr) => gr,
+                // A custom resource whose CRD comes earlier in the dump.
+                None if crd_kinds.iter().any(|(g, k)| g == group && k == kind) => {
+                    GroupResource::new(group, "")
+                }
+                None => return Err(format!("{api_version} {kind} {namespace}/{name}: no such kind is served, and no CRD before it defines it")),
+            };
+            if (gr.group.as_str(), gr.plural.as_str()) == CRDS {
+                let spec = &object["spec"];
+                crd_kinds.push((
+                    spec["group"].as_str().unwrap_or_default().to_string(),
+                    spec["names"]["kind"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                ));
+            }
+            placed.push((gr, (namespace, name), object));
+        }
+        self.rv = self.rv.max(rv);
+        let count = placed.len();
+        for (gr, key, object) in placed {
+            let gr = if gr.plural.is_empty() {
+                let kind = object["kind"].as_str().unwrap_or_default();
+                match self
+                    .collections
+                    .iter()
+                    .find(|(g, c)| g.group == gr.group && c.rtype.kind == kind)
+                {
+                    Some((gr, _)) => gr.clone(),
+                    None => {
+                        return Err(format!(
+                            "the CRD of {} {kind} did not make it served",
+                            gr.group
+                        ))
+                    }
+                }
+            } else {
+                gr
+            };
+            self.store(&gr, key, object);
+            // Only what serves the CRDs now; collecting garbage would count owners not yet restored.
+            self.followups
+                .retain(|followup| matches!(followup, Followup::SyncCrd(..)));
+            self.run_followups();
+        }
+        Ok(count)
+    }
+
     /// Drops every collection's history: older resourceVersions and continue tokens become 410 Gone.
     pub fn compact(&mut self) {
         let rv = self.rv;

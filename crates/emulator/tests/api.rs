@@ -1724,3 +1724,103 @@ async fn strict_field_validation_rejects_fields_the_schema_does_not_declare() {
         "without Strict, undeclared fields are dropped"
     );
 }
+
+// ---- saved state ----
+
+/// What one emulator saved, another restores as it was: CRDs served, custom objects with their uids,
+/// finalizers and deletion marks, owner references still collected by the garbage collector; a file
+/// that is not a state is a clear error and restores nothing.
+#[tokio::test]
+async fn a_saved_state_is_restored_as_it_was_by_another_emulator() {
+    let (first, widgets) = with_widgets().await;
+    let mut held = samples::widget("held", 2);
+    held["metadata"]["finalizers"] = json!(["example.com/hold"]);
+    let held = widgets
+        .create(&PostParams::default(), &object(held))
+        .await
+        .unwrap();
+    widgets
+        .delete("held", &DeleteParams::default())
+        .await
+        .unwrap();
+    let owner = widgets
+        .create(&PostParams::default(), &object(samples::widget("owner", 1)))
+        .await
+        .unwrap();
+    let configmaps: Api<ConfigMap> = Api::default_namespaced(first.client());
+    configmaps
+        .create(&PostParams::default(), &owned_configmap("owned", &[&owner]))
+        .await
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("kactor-state-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("state.json");
+    first.save_state(&file).unwrap();
+    let saved_rv = first.resource_version();
+    drop(first);
+
+    let second = Emulator::start().await.unwrap();
+    let restored = second
+        .load_state(&file)
+        .unwrap()
+        .expect("the file is there");
+    assert!(restored >= 4, "{restored}");
+    assert!(
+        second.resource_version() > saved_rv,
+        "resourceVersions go on from the saved one"
+    );
+    let widgets = self::widgets(&second.client(), "default");
+    let again = widgets.get("held").await.unwrap();
+    assert_eq!(again.metadata.uid, held.metadata.uid);
+    assert!(
+        again.metadata.deletion_timestamp.is_some(),
+        "still being deleted"
+    );
+    assert_eq!(
+        again.metadata.finalizers,
+        Some(vec!["example.com/hold".to_string()])
+    );
+    // Releasing the finalizer finishes the deletion begun before the restart.
+    widgets
+        .patch(
+            "held",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    assert!(widgets.get_opt("held").await.unwrap().is_none());
+    // The owner's dependents are still its own: deleting it collects them.
+    let configmaps: Api<ConfigMap> = Api::default_namespaced(second.client());
+    assert!(configmaps.get_opt("owned").await.unwrap().is_some());
+    widgets
+        .delete("owner", &DeleteParams::default())
+        .await
+        .unwrap();
+    for _ in 0..100 {
+        if configmaps.get_opt("owned").await.unwrap().is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        configmaps.get_opt("owned").await.unwrap().is_none(),
+        "collected"
+    );
+
+    // No file: no state. Not a state: an error naming the file, and nothing restored.
+    assert_eq!(second.load_state(dir.join("none.json")).unwrap(), None);
+    let garbage = dir.join("garbage.json");
+    std::fs::write(&garbage, "{not json").unwrap();
+    let error = second.load_state(&garbage).unwrap_err().to_string();
+    assert!(error.contains("garbage.json is not JSON"), "{error}");
+    std::fs::write(&garbage, r#"{"kind": "EmulatorState", "resourceVersion": "1", "objects": [{"apiVersion": "nowhere.example/v1", "kind": "Ghost", "metadata": {"name": "g"}}]}"#).unwrap();
+    let count = second.object_count();
+    let error = second.load_state(&garbage).unwrap_err().to_string();
+    assert!(
+        error.contains("Ghost") && error.contains("no such kind"),
+        "{error}"
+    );
+    assert_eq!(second.object_count(), count, "nothing restored");
+    let _ = std::fs::remove_dir_all(&dir);
+}
