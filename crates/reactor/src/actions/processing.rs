@@ -648,6 +648,11 @@ impl Processor {
         memory.remaining = applied.remaining;
         let written = match (applied.gone, applied.released, applied.resource_version) {
             (true, _, _) => Written::Gone,
+            // Every request met a conflict (the body was older than the object): nothing was
+            // written, so the version the worker waits for is still the one to wait for. Taken as
+            // a write, it would count that version as superseded and skip its event: the last one,
+            // after which the object would wait for an event that never comes.
+            (false, _, None) if applied.body.is_none() => Written::Nothing,
             (false, _, None) => Written::Unversioned,
             // The object is about to vanish: its next version never arrives, so changing handlers
             // wait out the consistency timeout (or the deletion) instead of running on the stale
