@@ -518,63 +518,21 @@ async fn the_actor_version_applies_scales_reports_repairs_and_deletes() {
 #[cfg(unix)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_operator_runs_on_the_embedded_api_server_with_emulator() {
-    let program = build_example("hello");
-    let mut child = tokio::process::Command::new(&program)
-        .arg("--emulator")
-        .env_remove("KUBECONFIG")
-        .stdout(Stdio::piped())
-        // Its logs are not read: a pipe nobody empties could block it.
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the example starts");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let kubeconfig = tokio::time::timeout(DEMO_WAIT, async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(path) = line.trim().strip_prefix("kubectl     export KUBECONFIG=") {
-                return PathBuf::from(path);
-            }
-        }
-        panic!("the program ended without printing its kubeconfig");
-    })
-    .await
-    .expect("the kubeconfig is printed in time");
-    let config = kube::Config::from_custom_kubeconfig(
-        kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
-        &Default::default(),
-    )
-    .await
-    .unwrap();
-    let client = kube::Client::try_from(config).unwrap();
-    let greetings: Api<DynamicObject> = Api::namespaced_with(
-        client,
-        "default",
-        &ApiResource::from_gvk_with_plural(
-            &kube::api::GroupVersionKind::gvk("example.com", "v1", "Greeting"),
-            "greetings",
-        ),
+    let home = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("hello-emulator-{}", std::process::id()));
+    std::fs::create_dir_all(&home).unwrap();
+    let (mut child, greetings, kubeconfig) =
+        start_hello(&["--emulator"], &home.join("hello.log")).await;
+    // The CRD was installed by --emulator, and the object is handled.
+    assert_eq!(
+        greet(&greetings, "kactor").await["message"],
+        "hello, kactor"
     );
-    greetings
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "example.com/v1", "kind": "Greeting",
-                "metadata": {"name": "world"}, "spec": {"name": "kactor"}
-            }))
-            .unwrap(),
-        )
-        .await
-        .expect("the CRD was installed by --emulator");
-    let greeted = support::until(&greetings, "world", "the greeting", |g| {
-        g.is_some_and(|g| !status(g)["greet"].is_null())
-    })
-    .await
-    .unwrap();
-    assert_eq!(status(&greeted)["greet"]["message"], "hello, kactor");
 
     let status = terminate(&mut child, DEMO_WAIT).await;
     assert!(status.success(), "{status}");
     assert!(!kubeconfig.exists(), "the kubeconfig is removed at exit");
+    let _ = std::fs::remove_dir_all(&home);
 }
 
 /// The hello example started with `args` (`--emulator` among them), its log going to `log`; the
