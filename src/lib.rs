@@ -75,6 +75,17 @@ pub mod diffs {
     pub use kactor_reactor::diffs::{Diff, DiffItem, DiffOp};
 }
 
+/// Object hierarchies, as Kopf's `kopf.adopt`, `label`, `append_owner_reference`,
+/// `remove_owner_reference`, `harmonize_naming` and `adjust_namespace`: the children a handler makes,
+/// owned by their parent, named after it, in its namespace, with its labels
+/// ([`Ctx::adopt`](handlers::Ctx::adopt)).
+pub mod hierarchies {
+    pub use kactor_reactor::hierarchies::{
+        adjust_namespace, adopt, append_owner_reference, harmonize_naming, label,
+        remove_owner_reference, Adoption, HierarchyError, Owner,
+    };
+}
+
 /// Which objects and changes handlers are for.
 pub mod filters {
     pub use kactor_reactor::filters::{MetaCheck, MetaFilter, ValueCheck, ValueFilter, WhenFn};

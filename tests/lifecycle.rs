@@ -815,3 +815,79 @@ mod emulator_only {
         running.stop().await;
     }
 }
+
+/// Kopf's `kopf.adopt`, in a handler: the ConfigMap it makes is owned by the widget, named after it,
+/// in its namespace, with its labels; deleting the widget deletes it (the garbage collector follows
+/// the owner reference: at once on the emulator, at its next discovery resync on a real server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_adopted_in_a_handler_is_owned_named_labelled_and_goes_with_its_parent() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let (cluster, widgets) = cluster_with_widgets().await;
+    let running = spawn(operator(&cluster).on_create(
+        "widgets.example.com",
+        "child",
+        |ctx: Ctx| async move {
+            let mut configmap: ConfigMap = serde_json::from_value(json!({
+                "data": {"size": ctx.spec()["size"].to_string()},
+            }))?;
+            ctx.adopt(&mut configmap)?;
+            let namespace = ctx.namespace().unwrap_or("default");
+            let made = Api::<ConfigMap>::namespaced(ctx.client(), namespace)
+                .create(&PostParams::default(), &configmap)
+                .await?;
+            Ok(json!({"configmap": made.metadata.name}))
+        },
+    ));
+    let widget = widgets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(samples::widget("parent", 3)).unwrap(),
+        )
+        .await
+        .unwrap();
+    let handled = until(&widgets, "parent", "the child's name in the status", |o| {
+        o.is_some_and(|o| status(o)["child"]["configmap"].is_string())
+    })
+    .await
+    .unwrap();
+    let name = status(&handled)["child"]["configmap"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        name.starts_with("parent-"),
+        "generateName after the owner: {name}"
+    );
+    let configmaps: Api<ConfigMap> = Api::namespaced(cluster.client(), "default");
+    let child = configmaps.get(&name).await.unwrap();
+    assert_eq!(child.data.unwrap()["size"], "3");
+    assert_eq!(
+        child.metadata.labels.unwrap()["app"],
+        "demo",
+        "the owner's labels"
+    );
+    let reference = &child.metadata.owner_references.unwrap()[0];
+    assert_eq!(reference.uid, widget.metadata.uid.unwrap());
+    assert_eq!(
+        (
+            reference.kind.as_str(),
+            reference.controller,
+            reference.block_owner_deletion
+        ),
+        ("Widget", Some(true), Some(true))
+    );
+
+    widgets
+        .delete("parent", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while configmaps.get_opt(&name).await.unwrap().is_some() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the child outlived its parent by a minute"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    running.stop().await;
+}

@@ -21,6 +21,6 @@ pub use clients::{api, discovery, metered, observe, patches, posting, watching};
 pub use intents::{context, daemons, filters, handlers};
 pub use storage::{diffbase, progress, progression};
 pub use structs::{
-    causes, diffs, finalizers, keys, lifecycles, logging, names, namespaces, pausing, resources,
-    settings, stopping,
+    causes, diffs, finalizers, hierarchies, keys, lifecycles, logging, names, namespaces, pausing,
+    resources, settings, stopping,
 };

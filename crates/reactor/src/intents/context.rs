@@ -385,6 +385,46 @@ impl Ctx {
         serde_json::to_value(&*self.body).and_then(serde_json::from_value)
     }
 
+    /// This handler's object as the owner of others ([`crate::hierarchies`]).
+    pub fn owner(&self) -> Result<crate::hierarchies::Owner, crate::hierarchies::HierarchyError> {
+        crate::hierarchies::Owner::of(&self.body)
+    }
+
+    /// Kopf's `kopf.adopt(child)`: the child (typed or JSON) owned by this handler's object (so that
+    /// the garbage collector deletes it with it), named after it (`generateName: <name>-`), in its
+    /// namespace, with its labels; what the child has of its own is kept. `adopt_with` takes Kopf's
+    /// `forced`, `strict` and `nested`.
+    ///
+    /// ```
+    /// # use kactor_reactor::handlers::{Ctx, HandlerError};
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    ///
+    /// fn child(ctx: &Ctx) -> Result<ConfigMap, HandlerError> {
+    ///     let mut configmap = ConfigMap::default();
+    ///     ctx.adopt(&mut configmap)?;               // then create it with ctx.client()
+    ///     Ok(configmap)
+    /// }
+    /// ```
+    pub fn adopt<T>(&self, child: &mut T) -> Result<(), crate::hierarchies::HierarchyError>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned,
+    {
+        self.adopt_with(child, &crate::hierarchies::Adoption::default())
+    }
+
+    /// [`adopt`](Self::adopt) with Kopf's options: `Adoption::default().forced().strict()
+    /// .nested("spec.template")`.
+    pub fn adopt_with<T>(
+        &self,
+        child: &mut T,
+        adoption: &crate::hierarchies::Adoption,
+    ) -> Result<(), crate::hierarchies::HierarchyError>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned,
+    {
+        crate::hierarchies::adopt(child, &self.owner()?, adoption)
+    }
+
     /// The cycle's patch: what it adds is sent with the cycle's one combined patch.
     ///
     /// ```

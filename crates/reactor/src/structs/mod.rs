@@ -5,6 +5,7 @@
 pub mod causes;
 pub mod diffs;
 pub mod finalizers;
+pub mod hierarchies;
 pub mod keys;
 pub mod lifecycles;
 pub mod logging;
