@@ -24,10 +24,10 @@ use k8s_openapi::api::core::v1::{
     PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kactor::hierarchies::{adopt, Adoption, Owner};
 use kactor::prelude::*;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::{CustomResource, CustomResourceExt, Resource, ResourceExt};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{CustomResource, CustomResourceExt, ResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -188,26 +188,11 @@ async fn create_pvc(ctx: &Ctx, evc: &EphemeralVolumeClaim) -> Result<String, Han
     }
 }
 
-/// The PVC an EVC asks for: `ReadWriteOnce`, `storage: <size>`, with the EVC's name, namespace and
-/// labels, and owned by it (what Kopf's `kopf.adopt()` does).
+/// The PVC an EVC asks for: `ReadWriteOnce`, `storage: <size>`, adopted as Kopf's `kopf.adopt()`
+/// does it: owned by the EVC (controller, blocking its foreground deletion), in its namespace, with
+/// its labels, and here named exactly as it (`strict`).
 pub fn desired_pvc(evc: &EphemeralVolumeClaim) -> Result<PersistentVolumeClaim, HandlerError> {
-    // controller=true: the EVC manages it. blockOwnerDeletion=true: with foreground deletion, the
-    // EVC goes only after it. `controller_owner_ref` is None only for an object without a uid,
-    // which an object read from the API server always has.
-    let owner = OwnerReference {
-        block_owner_deletion: Some(true),
-        ..evc
-            .controller_owner_ref(&())
-            .ok_or_else(|| HandlerError::permanent("the EVC has no uid"))?
-    };
-    Ok(PersistentVolumeClaim {
-        metadata: ObjectMeta {
-            name: Some(evc.name_any()),
-            namespace: evc.namespace(),
-            labels: evc.metadata.labels.clone(),
-            owner_references: Some(vec![owner]),
-            ..ObjectMeta::default()
-        },
+    let mut pvc = PersistentVolumeClaim {
         spec: Some(PersistentVolumeClaimSpec {
             access_modes: Some(vec!["ReadWriteOnce".to_string()]),
             resources: Some(VolumeResourceRequirements {
@@ -220,7 +205,13 @@ pub fn desired_pvc(evc: &EphemeralVolumeClaim) -> Result<PersistentVolumeClaim, 
             ..PersistentVolumeClaimSpec::default()
         }),
         ..PersistentVolumeClaim::default()
-    })
+    };
+    adopt(
+        &mut pvc,
+        &Owner::of_resource(evc)?,
+        &Adoption::default().strict(),
+    )?;
+    Ok(pvc)
 }
 
 /// A merge patch of the PVC: it changes only what it names.

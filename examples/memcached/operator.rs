@@ -20,11 +20,12 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodSpec, PodTemplateSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kactor::hierarchies::{append_owner_reference, Owner};
 use kactor::prelude::*;
 use kactor::prometheus::{IntCounterVec, Opts};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams};
-use kube::{CustomResource, CustomResourceExt, Resource, ResourceExt};
+use kube::{CustomResource, CustomResourceExt, ResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -357,21 +358,11 @@ pub fn desired_deployment(memcached: &Memcached) -> Result<Deployment, HandlerEr
         ("app".to_string(), "memcached".to_string()),
         (CR_LABEL.to_string(), name.clone()),
     ]);
-    // controller=true: the Memcached manages it. blockOwnerDeletion=true: with foreground
-    // deletion, the Memcached goes only after it. `controller_owner_ref` is None only for an
-    // object without a uid, which an object read from the API server always has.
-    let owner = OwnerReference {
-        block_owner_deletion: Some(true),
-        ..memcached
-            .controller_owner_ref(&())
-            .ok_or_else(|| HandlerError::permanent("the Memcached has no uid"))?
-    };
-    Ok(Deployment {
+    let mut deployment = Deployment {
         metadata: ObjectMeta {
             name: Some(name),
             namespace: Some(namespace_of(memcached)),
             labels: Some(labels.clone()),
-            owner_references: Some(vec![owner]),
             ..ObjectMeta::default()
         },
         spec: Some(DeploymentSpec {
@@ -407,7 +398,12 @@ pub fn desired_deployment(memcached: &Memcached) -> Result<Deployment, HandlerEr
             ..DeploymentSpec::default()
         }),
         ..Deployment::default()
-    })
+    };
+    // Operator SDK's SetControllerReference, Kopf's append_owner_reference: controller=true (the
+    // Memcached manages it), blockOwnerDeletion=true (with foreground deletion, the Memcached goes
+    // only after it).
+    append_owner_reference(&mut deployment, &Owner::of_resource(memcached)?)?;
+    Ok(deployment)
 }
 
 /// The handler's object as a typed `Memcached`. The API server validated it against the CRD's
