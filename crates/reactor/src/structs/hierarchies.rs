@@ -86,32 +86,11 @@ impl Owner {
         self
     }
 
-    /// The owner a stored object is: a handler's body, or any typed object read from the API
-    /// (`Owner::of(&DynamicObject::from(...))`, or [`Owner::of_resource`]).
+    /// The owner a stored object is: a handler's body, or any object read from the API as a
+    /// `DynamicObject` (typed ones: [`Owner::of_resource`]).
     pub fn of(object: &DynamicObject) -> Result<Owner, HierarchyError> {
         let types = object.types.clone().unwrap_or_default();
-        let meta = &object.metadata;
-        let what = format!(
-            "{} {}",
-            types.kind,
-            meta.name.as_deref().unwrap_or("(unnamed)")
-        );
-        let name = meta
-            .name
-            .clone()
-            .ok_or_else(|| HierarchyError::IncompleteOwner(what.clone(), "name"))?;
-        let uid = meta
-            .uid
-            .clone()
-            .ok_or(HierarchyError::IncompleteOwner(what, "uid"))?;
-        Ok(Owner {
-            api_version: types.api_version,
-            kind: types.kind,
-            name,
-            uid,
-            namespace: meta.namespace.clone(),
-            labels: meta.labels.clone().unwrap_or_default(),
-        })
+        Owner::stored(types.api_version, types.kind, &object.metadata)
     }
 
     /// The owner a typed object is (k8s-openapi's kinds, `#[derive(CustomResource)]` types).
@@ -119,12 +98,17 @@ impl Owner {
     where
         K: kube::Resource<DynamicType = ()>,
     {
-        let meta = object.meta();
-        let what = format!(
-            "{} {}",
-            K::kind(&()),
-            meta.name.as_deref().unwrap_or("(unnamed)")
-        );
+        let (api_version, kind) = (K::api_version(&()), K::kind(&()));
+        Owner::stored(api_version.into_owned(), kind.into_owned(), object.meta())
+    }
+
+    /// An owner from a stored object's metadata, which has a name and a uid.
+    fn stored(
+        api_version: String,
+        kind: String,
+        meta: &kube::api::ObjectMeta,
+    ) -> Result<Owner, HierarchyError> {
+        let what = format!("{kind} {}", meta.name.as_deref().unwrap_or("(unnamed)"));
         let name = meta
             .name
             .clone()
@@ -134,8 +118,8 @@ impl Owner {
             .clone()
             .ok_or(HierarchyError::IncompleteOwner(what, "uid"))?;
         Ok(Owner {
-            api_version: K::api_version(&()).into_owned(),
-            kind: K::kind(&()).into_owned(),
+            api_version,
+            kind,
             name,
             uid,
             namespace: meta.namespace.clone(),
