@@ -14,7 +14,7 @@ use anyhow::{bail, Context as _};
 #[derive(clap::Args)]
 pub struct NewArgs {
     /// The operator's name: the crate, the program, its Deployment and service account
-    /// (lowercase letters, digits and `-`, a letter first).
+    /// (lowercase letters, digits and `-`, a letter first, at most 55 characters).
     name: String,
     /// Where to write it (default: ./NAME); it must not exist, or be empty.
     #[arg(long, value_name = "DIR")]
@@ -108,19 +108,9 @@ struct Values {
 impl Values {
     fn new(args: &NewArgs) -> anyhow::Result<Values> {
         let name = &args.name;
-        let valid_name = name.len() <= 55
-            && name.starts_with(|c: char| c.is_ascii_lowercase())
-            && !name.ends_with('-')
-            && name
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
-        if !valid_name {
-            bail!(
-                "{name:?} cannot name an operator: lowercase letters, digits and `-`, a letter \
-                 first, not `-` last, at most 55 characters (it names the crate, the program and \
-                 its Kubernetes objects)"
-            );
-        }
+        // It names the crate and the program, and what `manifests` makes for it.
+        kactor::deploy::check_operator_name(name)
+            .map_err(|reason| anyhow::anyhow!("cannot name an operator {reason}"))?;
         let kind = match &args.kind {
             Some(kind) => kind.clone(),
             None => kind_from(name),

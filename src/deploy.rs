@@ -89,6 +89,35 @@ fn document<T: serde::Serialize>(out: &mut String, comment: Option<&str>, value:
     Ok(())
 }
 
+/// The longest operator name: its metrics Service, `NAME-metrics`, is a DNS-1035 label (63).
+pub const MAX_NAME: usize = 63 - "-metrics".len();
+
+/// Whether `name` can name an operator and what `manifests` makes for it (its Deployment, service
+/// account, roles, the `NAME-metrics` Service): lowercase letters, digits and `-`, a letter first,
+/// not `-` last, at most [`MAX_NAME`] characters. `kactor new` checks its names with it too.
+pub fn check_operator_name(name: &str) -> std::result::Result<(), String> {
+    if is_label(name, MAX_NAME, true) {
+        return Ok(());
+    }
+    Err(format!(
+        "{name:?} is not a Kubernetes name for an operator: lowercase letters, digits and `-`, a \
+         letter first, not `-` last, at most {MAX_NAME} characters"
+    ))
+}
+
+/// A DNS label of at most `most` characters, a letter first if `letter_first` (DNS-1035) or a
+/// letter or digit (DNS-1123).
+fn is_label(value: &str, most: usize, letter_first: bool) -> bool {
+    !value.is_empty()
+        && value.len() <= most
+        && value
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && value
+            .starts_with(|c: char| c.is_ascii_lowercase() || (!letter_first && c.is_ascii_digit()))
+        && !value.ends_with('-')
+}
+
 /// What the manifests are made of, worked out from the options.
 struct Plan {
     name: String,
@@ -112,32 +141,12 @@ impl Plan {
         let invalid = Error::Deploy;
         let name = args.name();
         let namespace = args.operator_namespace();
-        // The Service `NAME-metrics` is a DNS-1035 label (a letter first), the namespace a DNS-1123
-        // label: lowercase letters, digits and `-`, at most 63, alphanumeric at the end.
-        for (what, value, most, letter_first) in [
-            ("--name", &name, 63 - "-metrics".len(), true),
-            ("--operator-namespace", &namespace, 63, false),
-        ] {
-            let label = !value.is_empty()
-                && value.len() <= most
-                && value
-                    .chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-                && value.starts_with(|c: char| {
-                    c.is_ascii_lowercase() || (!letter_first && c.is_ascii_digit())
-                })
-                && !value.ends_with('-');
-            if !label {
-                let first = if letter_first {
-                    "a letter"
-                } else {
-                    "a letter or digit"
-                };
-                return Err(invalid(format!(
-                    "{what} {value:?} is not a Kubernetes name: lowercase letters, digits and `-`, \
-                     {first} first, not `-` last, at most {most} characters"
-                )));
-            }
+        check_operator_name(&name).map_err(|reason| invalid(format!("--name {reason}")))?;
+        if !is_label(&namespace, 63, false) {
+            return Err(invalid(format!(
+                "--operator-namespace {namespace:?} is not a Kubernetes name: lowercase letters, \
+                 digits and `-`, a letter or digit first, not `-` last, at most 63 characters"
+            )));
         }
         if args.image.trim().is_empty() {
             return Err(invalid("--image is empty".to_string()));
