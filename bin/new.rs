@@ -110,7 +110,7 @@ impl Values {
         let name = &args.name;
         // It names the crate and the program, and what `manifests` makes for it.
         kactor::deploy::check_operator_name(name)
-            .map_err(|reason| anyhow::anyhow!("cannot name an operator {reason}"))?;
+            .map_err(|reason| anyhow::anyhow!("cannot name an operator: {reason}"))?;
         let kind = match &args.kind {
             Some(kind) => kind.clone(),
             None => kind_from(name),
