@@ -38,6 +38,7 @@ pub mod prelude {
         ActivityCtx, Ctx, ErrorsMode, HandlerError, HandlerResult, Memo, On,
     };
     pub use kactor_reactor::lifecycles::Lifecycle;
+    pub use kactor_reactor::reconcile::{Action, Predicate, Reconcile};
     pub use kactor_reactor::resources::{Resource, Selector};
     pub use kactor_reactor::settings::Settings;
     pub use kactor_reactor::watching::EventType;
@@ -86,6 +87,19 @@ pub mod hierarchies {
     };
 }
 
+/// Status conditions, as apimachinery's `meta.SetStatusCondition`, `RemoveStatusCondition`,
+/// `FindStatusCondition` and `IsStatusConditionTrue` keep them (Operator SDK's way of reporting an
+/// object's state): typed on k8s-openapi's `Condition`, or as the JSON a handler reads
+/// ([`Conditions`](conditions::Conditions)), validated as the API server validates them.
+pub mod conditions {
+    pub use kactor_reactor::conditions::{
+        find_condition, is_condition_false, is_condition_present_and_equal, is_condition_true,
+        is_unset, new_condition, remove_condition, set_condition, unset_time, validate_condition,
+        validate_conditions, Condition, ConditionError, ConditionStatus, Conditions, Time,
+        MAX_MESSAGE_LENGTH, MAX_REASON_LENGTH,
+    };
+}
+
 /// Which objects and changes handlers are for.
 pub mod filters {
     pub use kactor_reactor::filters::{MetaCheck, MetaFilter, ValueCheck, ValueFilter, WhenFn};
@@ -96,6 +110,18 @@ pub mod handlers {
     pub use kactor_reactor::handlers::{
         ActivityCtx, Ctx, ErrorsMode, HandlerError, HandlerResult, Logger, Memo, On, Options,
     };
+}
+
+/// Reconcile handlers ([`Operator::on_reconcile`]): what they return, their options and
+/// predicates, and what triggered a run (`docs/reconcile.md`).
+pub mod reconcile {
+    pub use kactor_reactor::reconcile::{Action, OwnerRefs, Predicate, Reconcile};
+    pub use kactor_reactor::triggers::{Related, Triggers};
+}
+
+/// The shared cache that reconcile handlers read (`ctx.cache(..)`).
+pub mod cache {
+    pub use kactor_reactor::cache::{Cache, CacheError};
 }
 
 /// The order in which a cause's handlers run.

@@ -42,6 +42,7 @@ use kactor_reactor::metered::{metered, MeteredLayer};
 use kactor_reactor::observe::{BoardEntry, Observer, Tee, WatchBoard};
 use kactor_reactor::pausing::PauseSwitch;
 use kactor_reactor::posting::EventPoster;
+use kactor_reactor::reconcile::{reconcile_fn, Action, Reconcile, ReconcileHandler};
 use kactor_reactor::resources::{Resource, Selector};
 use kactor_reactor::settings::Settings;
 use kactor_reactor::watching::{WatchItem, Watcher};
@@ -272,6 +273,44 @@ impl Operator {
             filters: on.filters,
             param: on.options.param,
             func: handler_fn(handler),
+        });
+        self
+    }
+
+    /// Registers a reconcile handler (Operator SDK's and kube-rs's model): level-based, given the
+    /// object as it is now, run when it changes (as its predicate says), when an object it
+    /// [owns](Reconcile::owns) or [watches](Reconcile::watches) changes, and when the requeue it
+    /// asked for comes due; errors are retried per object with an exponential backoff (5 ms to
+    /// 1000 s), reset by a success. It runs in the object's worker, after the object's changing
+    /// handlers, never at the same time as another handler of the object. See `docs/reconcile.md`.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// # use std::time::Duration;
+    /// let operator = Operator::new().on_reconcile(
+    ///     ("cache.example.com", "v1alpha1", "memcacheds"),
+    ///     Reconcile::id("memcached").owns("deployments.v1.apps"),
+    ///     |ctx: Ctx| async move {
+    ///         let deployments = ctx.cache("deployments.v1.apps")?;
+    ///         let ns = ctx.namespace();
+    ///         if deployments.get(ns, ctx.name()).is_none() {
+    ///             // ... create it (ctx.client()), owned by the object (ctx.adopt(&mut deployment))
+    ///         }
+    ///         Ok(Action::requeue(Duration::from_secs(300)))
+    ///     },
+    /// );
+    /// ```
+    pub fn on_reconcile<S, O, F, Fut>(mut self, resource: S, options: O, handler: F) -> Self
+    where
+        S: Into<Selector>,
+        O: Into<Reconcile>,
+        F: Fn(Ctx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<Action, HandlerError>> + Send + 'static,
+    {
+        self.registry.reconcile_handlers.push(ReconcileHandler {
+            selector: resource.into(),
+            options: options.into(),
+            func: reconcile_fn(handler),
         });
         self
     }

@@ -179,7 +179,8 @@ pub async fn requirements(operator: &Operator, args: &RbacArgs) -> Result<Requir
     let blueprint = operator.blueprint();
     let setup = Setup::new(&blueprint, args)?;
     let handled = resolve(&blueprint).await?;
-    Ok(setup.requirements(&handled))
+    let cached = resolve_cached(&blueprint).await?;
+    Ok(setup.requirements(&handled, &cached))
 }
 
 /// How the operator runs, as far as its permissions go: its options applied as
@@ -276,7 +277,7 @@ impl Setup {
         clippy::too_many_lines,
         reason = "one rule per kind of handler and setting, read as a table"
     )]
-    fn requirements(&self, handled: &[Handled]) -> Requirements {
+    fn requirements(&self, handled: &[Handled], cached: &[Handled]) -> Requirements {
         let mut permissions = Vec::new();
         // Where events are posted, and whether only about cluster-scoped objects.
         let mut events: Vec<(Place, bool)> = Vec::new();
@@ -359,6 +360,23 @@ impl Setup {
                  ctx.info/warn); warnings are posted even with posting disabled"
             };
             permissions.push(Permission::new(place, "", "events", &["create"], why));
+        }
+        for resource in cached {
+            let namespaced = resource.namespaced.unwrap_or(true);
+            let why = format!(
+                "{} is cached for {} (owned, watched or read): kactor lists and watches it{runtime_namespaces}",
+                resource.label,
+                resource.handlers.join(", ")
+            );
+            for place in self.places(namespaced) {
+                permissions.push(Permission::new(
+                    place,
+                    &resource.group,
+                    &resource.plural,
+                    &["list", "watch"],
+                    &why,
+                ));
+            }
         }
         permissions.push(Permission::new(
             Place::Cluster,
@@ -490,22 +508,47 @@ struct Handled {
 /// Resolves every handled resource: offline when it is named by group and plural, through discovery
 /// otherwise. Several selectors of one resource make one entry.
 async fn resolve(blueprint: &Blueprint<'_>) -> Result<Vec<Handled>> {
-    let mut handled: Vec<Handled> = Vec::new();
     let mut served: Option<Vec<kactor_reactor::resources::Resource>> = None;
-    for selector in &blueprint.selectors {
+    let handled = blueprint.selectors.iter().map(|selector| {
         let handlers = blueprint.registry.handlers_for(selector);
-        let ids: Vec<String> = handlers
-            .event
+        let ids = handlers.ids().into_iter().map(String::from).collect();
+        (selector, ids)
+    });
+    resolve_all(blueprint, handled, &mut served).await
+}
+
+/// Resolves every kind that reconcile handlers cache (owned, watched, read): kactor lists and
+/// watches them.
+async fn resolve_cached(blueprint: &Blueprint<'_>) -> Result<Vec<Handled>> {
+    let mut served: Option<Vec<kactor_reactor::resources::Resource>> = None;
+    let kinds = blueprint.registry.cached_kinds();
+    let cached = kinds.iter().map(|selector| {
+        let ids = blueprint
+            .registry
+            .reconcile_handlers
             .iter()
-            .map(|h| h.id.clone())
-            .chain(handlers.changing.iter().map(|h| h.id.clone()))
-            .chain(handlers.spawning.iter().map(|h| h.id.clone()))
+            .filter(|h| h.options.cached_kinds().contains(selector))
+            .map(|h| h.id().to_string())
             .collect();
+        (selector, ids)
+    });
+    resolve_all(blueprint, cached, &mut served).await
+}
+
+/// Resolves each selector, with the ids of what needs it; several selectors of one resource make
+/// one entry.
+async fn resolve_all<'s>(
+    blueprint: &Blueprint<'_>,
+    selectors: impl Iterator<Item = (&'s Selector, Vec<String>)>,
+    served: &mut Option<Vec<kactor_reactor::resources::Resource>>,
+) -> Result<Vec<Handled>> {
+    let mut handled: Vec<Handled> = Vec::new();
+    for (selector, ids) in selectors {
         let resource = match offline(selector, blueprint.crds) {
             Some(resource) => resource,
             None => {
                 if served.is_none() {
-                    served = Some(discover(blueprint, selector).await?);
+                    *served = Some(discover(blueprint, selector).await?);
                 }
                 let resources = served.as_deref().unwrap_or_default();
                 let resource =

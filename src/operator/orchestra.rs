@@ -1,9 +1,20 @@
 //! The supervisors of an operator, and what decides them: the resources its handlers name (as
 //! discovery resolves them, followed as CRDs come and go) × the namespaces it serves (followed as
-//! they come and go, for patterns).
+//! they come and go, for patterns). Beside them, the same way, the streams of the kinds that
+//! reconcile handlers own, watch or read ([`RelatedWatch`]): started first, and listed before
+//! the supervisors of the resources that read them start (as controller-runtime waits for its
+//! caches to sync), so that a reconcile never acts on an empty cache.
+
+use std::time::Duration;
+
+use kactor_actors::related::{Directory, RelatedConfig, RelatedWatch, Route, RouteKind};
+use kactor_reactor::cache::Caches;
 
 use super::run::run_activity;
 use super::*;
+
+/// How long the supervisors wait for the caches they read to list, before starting anyway.
+const CACHE_SYNC_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A supervisor's identity: the resource (kubectl form) and the namespace (None: cluster-wide).
 type SupervisorKey = (String, Option<String>);
@@ -15,6 +26,19 @@ type Hosts = Vec<Arc<dyn ObjectHost>>;
 struct Target {
     selector: Selector,
     resolved: Option<Arc<Resource>>,
+}
+
+/// A related kind's stream, running.
+struct RelatedStream {
+    task: tokio::task::JoinHandle<()>,
+    /// On the watch board while it runs.
+    _entry: BoardEntry,
+}
+
+impl Drop for RelatedStream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// The namespaces matching the scope's patterns, as known now (followed only for
@@ -51,6 +75,12 @@ pub(super) struct Orchestra {
     followed: Followed,
     resources: Vec<Resource>,
     running: HashMap<SupervisorKey, Addr<ResourceSupervisor>>,
+    /// The running supervisors, for the related streams' triggers.
+    directory: Directory,
+    /// The shared caches.
+    caches: Caches,
+    /// The related kinds' streams, by (kind, namespace).
+    related: HashMap<SupervisorKey, RelatedStream>,
     switch: PauseSwitch,
     /// Whether the supervisors are paused: changed only by the loop that follows the switch, so that
     /// a supervisor started in between is started in the state the others are in.
@@ -101,6 +131,9 @@ impl Orchestra {
             followed: Followed::default(),
             resources,
             running: HashMap::new(),
+            directory: Directory::default(),
+            caches: Caches::default(),
+            related: HashMap::new(),
             switch: operator.switch.clone(),
             paused: false,
         })
@@ -297,20 +330,11 @@ impl Orchestra {
                 continue;
             };
             let handlers = self.registry.handlers_for(&target.selector);
-            let namespaces: Vec<Option<String>> = match (&self.served, resource.namespaced) {
-                (Served::ClusterWide, _) | (_, false) => vec![None],
-                (Served::Fixed(names), true) => names.iter().cloned().map(Some).collect(),
-                (Served::Patterns { .. }, true) => {
-                    self.followed.current.iter().cloned().map(Some).collect()
-                }
-            };
-            for namespace in namespaces {
+            for namespace in self.namespaces_of(resource) {
                 let entry = desired
                     .entry((resource.to_string(), namespace))
                     .or_insert_with(|| (resource.clone(), ResourceHandlers::default(), Vec::new()));
-                entry.1.event.extend(handlers.event.iter().cloned());
-                entry.1.changing.extend(handlers.changing.iter().cloned());
-                entry.1.spawning.extend(handlers.spawning.iter().cloned());
+                entry.1.extend(&handlers);
                 entry.2.extend(
                     self.hosts
                         .iter()
@@ -331,6 +355,7 @@ impl Orchestra {
                 supervisor.do_send(Shutdown);
             }
         }
+        self.reconcile_related().await;
         for (key, (resource, handlers, actors)) in desired {
             if self.running.get(&key).is_some_and(Addr::connected) {
                 continue;
@@ -350,6 +375,7 @@ impl Orchestra {
                 watches: self.watches.clone(),
                 start_paused: self.paused,
                 actors,
+                caches: Some(self.caches.clone()),
             };
             let supervisor = self
                 .actors
@@ -357,7 +383,127 @@ impl Orchestra {
                 .await?;
             self.running.insert(key, supervisor);
         }
+        let mut directory = self
+            .directory
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        directory.clone_from(&self.running);
         Ok(())
+    }
+
+    /// The namespaces a resource is served in, as supervisors and related streams are.
+    fn namespaces_of(&self, resource: &Resource) -> Vec<Option<String>> {
+        match (&self.served, resource.namespaced) {
+            (Served::ClusterWide, _) | (_, false) => vec![None],
+            (Served::Fixed(names), true) => names.iter().cloned().map(Some).collect(),
+            (Served::Patterns { .. }, true) => {
+                self.followed.current.iter().cloned().map(Some).collect()
+            }
+        }
+    }
+
+    /// The routes from a related kind to the reconciled resources that own or watch it.
+    fn routes_to(&self, child: &Resource) -> Vec<Route> {
+        let mut routes = Vec::new();
+        for handler in &self.registry.reconcile_handlers {
+            let parent = self
+                .targets
+                .iter()
+                .find(|t| t.selector == handler.selector)
+                .and_then(|t| t.resolved.clone());
+            let Some(parent) = parent else {
+                continue;
+            };
+            let names = |selector: &Selector| {
+                selector
+                    .resolve(&self.resources)
+                    .is_ok_and(|resource| resource == child)
+            };
+            for owns in handler.options.owns.iter().filter(|o| names(&o.selector)) {
+                routes.push(Route {
+                    parent: parent.clone(),
+                    kind: RouteKind::Owns(owns.owners),
+                });
+            }
+            for watches in handler
+                .options
+                .watches
+                .iter()
+                .filter(|w| names(&w.selector))
+            {
+                routes.push(Route {
+                    parent: parent.clone(),
+                    kind: RouteKind::Watches(watches.map.clone()),
+                });
+            }
+        }
+        routes
+    }
+
+    /// Starts the related streams that should run and stops those that should not; waits (up to
+    /// [`CACHE_SYNC_TIMEOUT`]) for those it started to list.
+    async fn reconcile_related(&mut self) {
+        let mut desired: HashMap<SupervisorKey, Arc<Resource>> = HashMap::new();
+        for selector in self.registry.cached_kinds() {
+            match selector.resolve(&self.resources) {
+                Ok(resource) => {
+                    let resource = Arc::new(resource.clone());
+                    for namespace in self.namespaces_of(&resource) {
+                        desired.insert((resource.to_string(), namespace), resource.clone());
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(resource = %selector.name, %error, "a kind that reconcile handlers read is not served; it is not cached")
+                }
+            }
+        }
+        self.related.retain(|key, _| desired.contains_key(key));
+        let mut started = Vec::new();
+        for (key, resource) in desired {
+            if self
+                .related
+                .get(&key)
+                .is_some_and(|s| !s.task.is_finished())
+            {
+                continue;
+            }
+            let observer = self.observer.clone();
+            let watch = RelatedWatch::new(RelatedConfig {
+                store: self.caches.store(&resource, &observer),
+                routes: self.routes_to(&resource),
+                resource,
+                namespace: key.1.clone(),
+                client: self.client.clone(),
+                settings: self.settings.clone(),
+                observer,
+                directory: self.directory.clone(),
+            });
+            let status = watch.status();
+            let entry = self.watches.register(watch.label(), status.clone());
+            let task = tokio::spawn(watch.run());
+            started.push(status);
+            self.related.insert(
+                key,
+                RelatedStream {
+                    task,
+                    _entry: entry,
+                },
+            );
+        }
+        let synced = async {
+            while !started.iter().all(|status| status.is_listed()) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        if tokio::time::timeout(CACHE_SYNC_TIMEOUT, synced)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "the caches of related kinds did not list within {} seconds; serving anyway",
+                CACHE_SYNC_TIMEOUT.as_secs()
+            );
+        }
     }
 
     /// Stops watching, lets handlers finish within `exit_timeout`, runs cleanup.
@@ -365,6 +511,7 @@ impl Orchestra {
         for (_, supervisor) in self.running.drain() {
             let _ = supervisor.send(Shutdown).await;
         }
+        self.related.clear();
         let cancelled = self
             .tracker
             .drain(self.settings.queueing.exit_timeout)

@@ -12,6 +12,7 @@ pub mod daemons;
 pub mod memory;
 pub mod objects;
 pub mod phase;
+pub mod related;
 pub mod supervisor;
 pub mod system;
 pub mod tracker;

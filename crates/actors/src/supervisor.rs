@@ -7,6 +7,13 @@
 //! routed by `metadata.uid` (or a key made of kind, apiVersion, name, namespace and creation time when
 //! there is no uid, as Kopf does); a worker is started on an object's first event.
 //!
+//! **Reconcile handlers**: a resource with reconcile handlers keeps each object's newest body in
+//! its record and in the resource's shared cache ([`Store`]), applied before the event is routed
+//! (a handler never reads a cache older than its trigger). Triggers from related objects come as
+//! [`Poke`]s, by owner uid or by name, and go to the object's worker like an event (a worker is
+//! started for them with the record's body if none runs); they are dropped while paused (the
+//! listing after the resume brings every object back).
+//!
 //! **Guarantees**
 //! * After a relist (410 Gone), an object whose resourceVersion did not change since it was last seen
 //!   is not dispatched again; an object that vanished during the gap is dispatched as `Deleted` (with
@@ -26,6 +33,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use actix::prelude::*;
+use kactor_reactor::cache::{Caches, Store};
 use kactor_reactor::handlers::{Memo, ResourceHandlers};
 use kactor_reactor::observe::{BoardEntry, Observer, WatchBoard};
 use kactor_reactor::posting::EventPoster;
@@ -33,6 +41,7 @@ use kactor_reactor::processing::{ObjectMemory, Processor};
 use kactor_reactor::resources::Resource;
 use kactor_reactor::settings::Settings;
 use kactor_reactor::stopping::StopReason;
+use kactor_reactor::triggers::{Related, Trigger};
 use kactor_reactor::watching::{EventType, WatchError, WatchItem, WatchStatus, Watcher};
 use kube::api::{Api, DynamicObject, ObjectMeta};
 use tokio::runtime::Handle;
@@ -78,6 +87,9 @@ pub struct SupervisorConfig {
     /// The users' object actors of this resource: each seen object has one of each, stopped when
     /// the object is deleted, the supervisor pauses or stops.
     pub actors: Vec<Arc<dyn ObjectHost>>,
+    /// The operator's shared caches: handlers read them (`ctx.cache`), and a resource with
+    /// reconcile handlers keeps its own store there up to date from this supervisor's stream.
+    pub caches: Option<Caches>,
 }
 
 /// One batch from the watch stream.
@@ -107,6 +119,21 @@ pub struct Pause;
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Resume;
+
+/// A related object changed: trigger the reconcile handlers of the object named (by uid, else by
+/// namespace and name).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct Poke {
+    /// The object's uid (an owner reference's).
+    pub uid: Option<String>,
+    /// Its namespace.
+    pub namespace: Option<String>,
+    /// Its name.
+    pub name: String,
+    /// What changed.
+    pub related: Related,
+}
 
 /// How many objects the supervisor knows, and how many have a running worker.
 #[derive(Message)]
@@ -153,6 +180,8 @@ struct Record {
     held: Option<Deliver>,
     /// The running worker, if any.
     worker: Option<Addr<ObjectWorker>>,
+    /// The newest body, for resources with reconcile handlers: a trigger may need a worker.
+    body: Option<Arc<DynamicObject>>,
 }
 
 /// The actor of one watched (resource, namespace).
@@ -174,6 +203,8 @@ pub struct ResourceSupervisor {
     resource_label: Arc<str>,
     /// The number of the last worker started (a worker gives the memory back under it).
     workers_started: u64,
+    /// The resource's shared cache, for resources with reconcile handlers.
+    store: Option<Store>,
 }
 
 impl ResourceSupervisor {
@@ -189,6 +220,11 @@ impl ResourceSupervisor {
         status.set_paused(config.start_paused);
         let entry = Some(config.watches.register(label.as_str(), status.clone()));
         let resource_label: Arc<str> = Arc::from(config.resource.to_string());
+        let store = config
+            .caches
+            .as_ref()
+            .filter(|_| !config.handlers.reconcile.is_empty())
+            .map(|caches| caches.store(&config.resource, &config.observer));
         config
             .observer
             .resource_served(&resource_label, &config.handlers.ids());
@@ -204,12 +240,17 @@ impl ResourceSupervisor {
             status,
             entry,
             workers_started: 0,
+            store,
         }
     }
 
     fn route(&mut self, event_type: EventType, object: DynamicObject, received: Instant) {
         let key = key_of(&self.config.resource, &object);
         let body = Arc::new(object);
+        if let Some(store) = &self.store {
+            // Before anything is routed: a handler never reads a cache older than its trigger.
+            store.apply(event_type, &body);
+        }
         if event_type != EventType::Deleted && self.shared.is_some() {
             // Before the unchanged check: after a resume, an unchanged object gets its actors again.
             for host in &self.config.actors {
@@ -247,16 +288,15 @@ impl ResourceSupervisor {
             interrupted: false,
             held: None,
             worker: None,
+            body: None,
         });
         record.rv = rv;
         record.sent += 1;
         record.interrupted = false;
-        let deliver = Deliver {
-            event_type,
-            body,
-            seq: record.sent,
-            received,
-        };
+        if self.store.is_some() {
+            record.body = Some(body.clone());
+        }
+        let deliver = Deliver::event(event_type, body, record.sent, received);
         self.dispatch(key, deliver);
     }
 
@@ -271,11 +311,16 @@ impl ResourceSupervisor {
         if let Some(worker) = &record.worker {
             worker.do_send(deliver);
         } else if let Memory::Lent(_) = record.memory {
-            if record.held.replace(deliver).is_some() {
-                self.config
-                    .observer
-                    .events_coalesced(&self.resource_label, 1);
-            }
+            let deliver = match record.held.take() {
+                Some(held) => {
+                    self.config
+                        .observer
+                        .events_coalesced(&self.resource_label, 1);
+                    deliver.coalesce(held)
+                }
+                None => deliver,
+            };
+            record.held = Some(deliver);
             // The record stays until the memory is back and the deletion dispatched.
             return;
         } else {
@@ -332,6 +377,9 @@ impl ResourceSupervisor {
         .with_status(self.status.clone());
         self.status.set_paused(false);
         self.listing.clear();
+        if let Some(store) = &self.store {
+            store.listing_started(config.namespace.as_deref());
+        }
         self.generation += 1;
         let generation = self.generation;
         let address = ctx.address();
@@ -366,6 +414,9 @@ impl ResourceSupervisor {
 
     /// A listing completed: whatever was known but not listed vanished while the stream was down.
     fn finish_listing(&mut self, received: Instant) {
+        if let Some(store) = &self.store {
+            store.listing_done(self.config.namespace.as_deref());
+        }
         let listed = std::mem::take(&mut self.listing);
         let vanished: Vec<Arc<str>> = self
             .records
@@ -431,6 +482,10 @@ impl Actor for ResourceSupervisor {
             config.limiter.clone(),
         )
         .observed(config.observer.clone());
+        let processor = match &config.caches {
+            Some(caches) => processor.with_caches(caches.clone()),
+            None => processor,
+        };
         for host in &config.actors {
             host.bind(ActorEnv {
                 runtime: config.runtime.clone(),
@@ -594,6 +649,36 @@ impl Handler<Resume> for ResourceSupervisor {
         if self.watch.is_none() {
             self.start_watching(ctx);
         }
+    }
+}
+
+impl Handler<Poke> for ResourceSupervisor {
+    type Result = ();
+
+    fn handle(&mut self, poke: Poke, _: &mut Context<Self>) {
+        if self.watch.is_none() {
+            // Paused: the listing after the resume brings every object back.
+            return;
+        }
+        let uid = poke.uid.or_else(|| {
+            let cache = self.store.as_ref()?.cache();
+            let object = cache.get(poke.namespace.as_deref(), &poke.name)?;
+            object.metadata.uid.clone()
+        });
+        let Some(uid) = uid else {
+            return;
+        };
+        let key: Arc<str> = Arc::from(uid.as_str());
+        let Some(record) = self.records.get_mut(&key) else {
+            // Not seen yet: its first event runs its reconcile handlers anyway.
+            return;
+        };
+        let Some(body) = record.body.clone() else {
+            return;
+        };
+        record.sent += 1;
+        let deliver = Deliver::trigger(Trigger::Related(poke.related), body, record.sent);
+        self.dispatch(key, deliver);
     }
 }
 

@@ -32,6 +32,14 @@
 //! ([`Pause`]) stops them; the next event after the resume starts them again. What ended on its own
 //! is remembered in the object's memory and never started again in this process.
 //!
+//! **Reconcile triggers**: besides the object's own events, a worker is sent triggers for its
+//! reconcile handlers ([`Deliver::synthetic`]: a related object changed, routed by its supervisor)
+//! and wakes itself when a requeue or a retry comes due ([`Cycle::wake`]). A trigger runs a cycle
+//! on the newest body the worker has, as an event would (never two at once); triggers that come
+//! while a cycle runs are gathered into the next one, and never replace a pending event (they join
+//! it). A due wake keeps the worker from idling out; a pause drops the timer (the due time stays in
+//! the object's memory, and the listing after the resume brings the object back).
+//!
 //! **Idling**: after `queueing.idle_timeout` with nothing to do, nothing scheduled and no daemon or
 //! timer running, the worker tells the supervisor, which stops it only if no event was sent since
 //! (the supervisor is the only sender, so none is in flight).
@@ -45,6 +53,7 @@ use kactor_reactor::handlers::Memo;
 use kactor_reactor::processing::{
     Cycle, DaemonsView, Event, ObjectMemory, ProcessingError, Processor, SpawnDecision, Written,
 };
+use kactor_reactor::triggers::{Trigger, Triggers};
 use kactor_reactor::watching::EventType;
 use kube::api::DynamicObject;
 use tokio::runtime::Handle;
@@ -73,6 +82,65 @@ pub struct Deliver {
     pub seq: u64,
     /// When the event was received from the API.
     pub received: Instant,
+    /// Not a watch event of the object but a trigger of its reconcile handlers ([`Deliver::trigger`]):
+    /// the body is only for a worker that has none yet.
+    pub synthetic: bool,
+    /// The reconcile triggers it carries (gathered when events coalesce).
+    pub triggers: Triggers,
+}
+
+impl Deliver {
+    /// A watch event of the object.
+    pub fn event(
+        event_type: EventType,
+        body: Arc<DynamicObject>,
+        seq: u64,
+        received: Instant,
+    ) -> Self {
+        Deliver {
+            event_type,
+            body,
+            seq,
+            received,
+            synthetic: false,
+            triggers: Triggers::default(),
+        }
+    }
+
+    /// A trigger of the object's reconcile handlers, with the newest body its sender knows.
+    pub fn trigger(trigger: Trigger, body: Arc<DynamicObject>, seq: u64) -> Self {
+        let mut triggers = Triggers::default();
+        triggers.add(trigger);
+        Deliver {
+            event_type: EventType::Modified,
+            body,
+            seq,
+            received: Instant::now(),
+            synthetic: true,
+            triggers,
+        }
+    }
+
+    /// This delivery, after `older`, as one: a watch event wins over a trigger (its body is the
+    /// newest), and the triggers of both are kept.
+    pub fn coalesce(self, older: Deliver) -> Deliver {
+        let (mut kept, other) = if self.synthetic && !older.synthetic {
+            (older, self)
+        } else {
+            (self, older)
+        };
+        let seq = kept.seq.max(other.seq);
+        let (first, then) = if kept.seq >= other.seq {
+            (other.triggers, std::mem::take(&mut kept.triggers))
+        } else {
+            (std::mem::take(&mut kept.triggers), other.triggers)
+        };
+        let mut triggers = first;
+        triggers.absorb(then);
+        kept.triggers = triggers;
+        kept.seq = seq;
+        kept
+    }
 }
 
 /// A cycle has ended, and gives the object's memory back.
@@ -207,6 +275,8 @@ pub struct ObjectWorker {
     daemons: Option<ObjectDaemons>,
     /// The last daemon holding the finalizer stopped during a cycle: run the cycle again after it.
     recheck: bool,
+    /// The wake for a reconcile handler's requeue or retry.
+    wake: Option<SpawnHandle>,
 }
 
 impl ObjectWorker {
@@ -239,6 +309,7 @@ impl ObjectWorker {
             superseded,
             daemons: None,
             recheck: false,
+            wake: None,
         }
     }
 
@@ -247,7 +318,8 @@ impl ObjectWorker {
         let facts = Facts {
             // The arriving event is not pending yet: only `Hold` makes it so.
             pending: self.pending.is_some(),
-            holding: self.holding() > 0,
+            // A due wake holds the worker as a daemon does: it must not idle out before it.
+            holding: self.holding() > 0 || self.wake.is_some(),
             recheck: self.recheck,
             last_deleted: self
                 .last
@@ -268,10 +340,15 @@ impl ObjectWorker {
             Effect::Hold => {
                 if let Some(event) = self.arriving.take() {
                     self.last_seq = self.last_seq.max(event.seq);
-                    if self.pending.replace(event).is_some() {
-                        let processor = &self.shared.processor;
-                        processor.observer.events_coalesced(&processor.label, 1);
-                    }
+                    let event = match self.pending.take() {
+                        Some(pending) => {
+                            let processor = &self.shared.processor;
+                            processor.observer.events_coalesced(&processor.label, 1);
+                            event.coalesce(pending)
+                        }
+                        None => event,
+                    };
+                    self.pending = Some(event);
                 }
             }
             Effect::DropPending => self.pending = None,
@@ -338,6 +415,55 @@ impl ObjectWorker {
         if let Some(timer) = self.timer.take() {
             ctx.cancel_future(timer);
         }
+    }
+
+    /// Arms (or, with None, drops) the wake for a reconcile handler's requeue or retry.
+    fn set_wake(&mut self, after: Option<Duration>, ctx: &mut Context<Self>) {
+        if let Some(wake) = self.wake.take() {
+            ctx.cancel_future(wake);
+        }
+        self.wake = after.map(|after| {
+            ctx.run_later(after, |worker, ctx| {
+                worker.wake = None;
+                if let Some(body) = worker.newest_body() {
+                    let seq = worker.last_seq;
+                    worker.triggered(Deliver::trigger(Trigger::Requeue, body, seq), ctx);
+                }
+            })
+        });
+    }
+
+    /// The newest body the worker has: of the pending event, else of the last processed.
+    fn newest_body(&self) -> Option<Arc<DynamicObject>> {
+        self.pending
+            .as_ref()
+            .or(self.last.as_ref())
+            .map(|d| d.body.clone())
+    }
+
+    /// A trigger of the reconcile handlers: a cycle on the newest body the worker has (the one
+    /// given, for a worker that has none yet), or joined to the pending event.
+    fn triggered(&mut self, mut deliver: Deliver, ctx: &mut Context<Self>) {
+        let gone = self
+            .last
+            .as_ref()
+            .is_some_and(|l| l.event_type == EventType::Deleted);
+        if gone || matches!(self.phase, Phase::Paused(_) | Phase::Stopping(_)) {
+            // Gone, or not working now (the listing after the resume brings the object back).
+            return;
+        }
+        match self.pending.as_ref().or(self.last.as_ref()) {
+            Some(newest) => {
+                deliver.body = newest.body.clone();
+                deliver.event_type = newest.event_type;
+            }
+            // A new worker: the sender's body, unless it is a version our own later write
+            // superseded (that write's event follows).
+            None if self.is_superseded(&deliver) => return,
+            None => {}
+        }
+        self.arriving = Some(deliver);
+        self.apply(Input::Event, ctx);
     }
 
     /// Whether the operator lets daemons and timers start now.
@@ -424,6 +550,7 @@ impl ObjectWorker {
                 decide: Box::new(move |decision| address.do_send(Decided(decision))),
             }
         });
+        let mut event = event;
         let input = Event {
             event_type: event.event_type,
             body: event.body.clone(),
@@ -431,6 +558,9 @@ impl ObjectWorker {
             received: event.received,
             consistent,
             daemons,
+            synthetic: event.synthetic,
+            // Taken by this cycle: a rerun of the same event has none of them.
+            triggers: std::mem::take(&mut event.triggers),
         };
         let span = self.span(&event.body);
         self.last = Some(event);
@@ -529,6 +659,11 @@ impl Handler<Deliver> for ObjectWorker {
     type Result = ();
 
     fn handle(&mut self, event: Deliver, ctx: &mut Context<Self>) {
+        if event.synthetic {
+            self.last_seq = self.last_seq.max(event.seq);
+            self.triggered(event, ctx);
+            return;
+        }
         if self.is_superseded(&event) {
             // Each version comes once: forgotten when seen.
             let rv = event.body.metadata.resource_version.as_deref();
@@ -579,9 +714,27 @@ impl Handler<CycleDone> for ObjectWorker {
                     Written::Nothing => {}
                     Written::Gone => self.superseded = Vec::new(),
                 }
-                if self.pending.as_ref().is_some_and(|p| self.is_superseded(p)) {
-                    self.pending = None;
+                if self
+                    .pending
+                    .as_ref()
+                    .is_some_and(|p| !p.synthetic && self.is_superseded(p))
+                {
+                    // Its triggers are not lost: they run on the body the worker has.
+                    if let Some(mut dropped) = self.pending.take() {
+                        if let Some(body) = self.newest_body() {
+                            if !dropped.triggers.is_empty() {
+                                dropped.synthetic = true;
+                                dropped.body = body;
+                                self.pending = Some(dropped);
+                            }
+                        }
+                    }
                 }
+                let gone = self
+                    .last
+                    .as_ref()
+                    .is_some_and(|l| l.event_type == EventType::Deleted);
+                self.set_wake(cycle.wake.filter(|_| !gone), ctx);
                 Some(cycle.next)
             }
             Err(error) => {
@@ -620,6 +773,7 @@ impl Handler<Stop> for ObjectWorker {
     fn handle(&mut self, _: Stop, ctx: &mut Context<Self>) {
         // The phase first (it tells dropped work while the daemons still count as holding).
         self.apply(Input::Stop, ctx);
+        self.set_wake(None, ctx);
         if let Some(daemons) = &mut self.daemons {
             daemons.stop_all(StopReason::OperatorExiting);
         }
@@ -633,6 +787,7 @@ impl Handler<Pause> for ObjectWorker {
         // The phase first: running daemons count as dropped work, which the listing after the
         // resume starts again.
         self.apply(Input::Pause, ctx);
+        self.set_wake(None, ctx);
         if let Some(daemons) = &mut self.daemons {
             daemons.stop_all(StopReason::OperatorPausing);
         }

@@ -58,8 +58,7 @@ impl Supervised {
             client: cluster.client(),
             handlers: Arc::new(ResourceHandlers {
                 event: vec![handler],
-                changing: vec![],
-                spawning: vec![],
+                ..ResourceHandlers::default()
             }),
             poster: EventPoster::disabled(),
             settings: Arc::new(settings),
@@ -71,6 +70,7 @@ impl Supervised {
             watches: kactor_reactor::observe::WatchBoard::new(),
             start_paused: false,
             actors: Vec::new(),
+            caches: None,
         };
         let actors = ActorSystem::start().unwrap();
         let supervisor = actors

@@ -73,6 +73,8 @@ pub struct Metrics {
     mailbox_depth: IntGaugeVec,
     actor_messages: IntCounterVec,
     message_duration: HistogramVec,
+    cache_objects: IntGaugeVec,
+    cache_bytes: IntGaugeVec,
 }
 
 impl Metrics {
@@ -151,6 +153,16 @@ impl Metrics {
             object_workers: gauges(
                 "kactor_object_workers",
                 "Per-object workers alive now.",
+                &["resource"],
+            )?,
+            cache_objects: gauges(
+                "kactor_cache_objects",
+                "Objects held by the shared cache of a resource.",
+                &["resource"],
+            )?,
+            cache_bytes: gauges(
+                "kactor_cache_bytes",
+                "The size, as JSON, of the objects held by the shared cache of a resource.",
                 &["resource"],
             )?,
             coalesced_events: counter(
@@ -315,6 +327,15 @@ impl Observer for Metrics {
         self.object_workers
             .with_label_values(&[resource])
             .add(delta);
+    }
+
+    fn cache_size(&self, resource: &str, objects: usize, bytes: usize) {
+        let objects = i64::try_from(objects).unwrap_or(i64::MAX);
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        self.cache_objects
+            .with_label_values(&[resource])
+            .set(objects);
+        self.cache_bytes.with_label_values(&[resource]).set(bytes);
     }
 
     fn events_coalesced(&self, resource: &str, count: u64) {
@@ -532,6 +553,21 @@ mod tests {
         // A daemon's attempt ends without having been counted as started.
         metrics.handler_finished(&run("daemon_fn", Verdict::Success, 0, false));
         assert_eq!(value(&metrics, "kactor_active_handlers", &[]), 1.0);
+    }
+
+    #[test]
+    fn the_cache_is_gauged_in_objects_and_bytes() {
+        let metrics = Metrics::new().unwrap();
+        metrics.cache_size("pods.v1", 3, 4096);
+        metrics.cache_size("pods.v1", 2, 3000);
+        assert_eq!(
+            value(&metrics, "kactor_cache_objects", &[("resource", "pods.v1")]),
+            2.0
+        );
+        assert_eq!(
+            value(&metrics, "kactor_cache_bytes", &[("resource", "pods.v1")]),
+            3000.0
+        );
     }
 
     #[test]

@@ -17,10 +17,10 @@ pub mod structs;
 
 // Each module by its own name too, as the other crates name them.
 pub use actions::{execution, processing};
-pub use clients::{api, discovery, metered, observe, patches, posting, watching};
-pub use intents::{context, daemons, filters, handlers};
+pub use clients::{api, cache, discovery, metered, observe, patches, posting, watching};
+pub use intents::{context, daemons, filters, handlers, reconcile};
 pub use storage::{diffbase, progress, progression};
 pub use structs::{
-    causes, diffs, finalizers, hierarchies, keys, lifecycles, logging, names, namespaces, pausing,
-    resources, settings, stopping,
+    causes, conditions, diffs, finalizers, hierarchies, keys, lifecycles, logging, names,
+    namespaces, pausing, resources, settings, stopping, triggers,
 };

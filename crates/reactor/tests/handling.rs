@@ -21,8 +21,10 @@ mod emulator_only {
     use kactor_reactor::processing::{
         Clock, Cycle, DaemonsView, Event, Next, ObjectMemory, ProcessingError, Processor, Written,
     };
+    use kactor_reactor::reconcile::{reconcile_fn, Action, Predicate, Reconcile, ReconcileHandler};
     use kactor_reactor::resources::Selector;
     use kactor_reactor::settings::Settings;
+    use kactor_reactor::triggers::{Related, Trigger, Triggers};
     use kactor_reactor::watching::EventType;
     use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
     use serde_json::{json, Value};
@@ -116,6 +118,14 @@ mod emulator_only {
         }
 
         async fn with_settings(changing: Vec<ChangingHandler>, settings: Settings) -> Handling {
+            let handlers = ResourceHandlers {
+                changing,
+                ..ResourceHandlers::default()
+            };
+            Handling::with_handlers(handlers, settings).await
+        }
+
+        async fn with_handlers(handlers: ResourceHandlers, settings: Settings) -> Handling {
             let emulator = Emulator::start().await.unwrap();
             let client = emulator.in_process_client();
             let widgets = samples::install_widgets(&client).await.unwrap();
@@ -124,11 +134,6 @@ mod emulator_only {
                 .resolve(&resources)
                 .unwrap()
                 .clone();
-            let handlers = ResourceHandlers {
-                event: vec![],
-                changing,
-                spawning: vec![],
-            };
             let processor = Processor::new(
                 Arc::new(resource),
                 Arc::new(handlers),
@@ -218,6 +223,8 @@ mod emulator_only {
                 received: Instant::now(),
                 consistent,
                 daemons,
+                synthetic: false,
+                triggers: Triggers::default(),
             };
             self.processor.process(event, &mut self.memory).await
         }
@@ -763,5 +770,244 @@ mod emulator_only {
         let object = handling.get().await.unwrap();
         assert_eq!(object.data["status"]["size/spec.size"], json!({"size": 1}));
         assert_eq!(stored(&object, DIFF_BASE), Some(essence(1)));
+    }
+
+    /// What a reconcile handler does on each run, in order (the last one again when they run out),
+    /// and what it saw: `retry related requeued deleting`.
+    #[derive(Clone, Default)]
+    struct Script {
+        steps: Arc<Mutex<std::collections::VecDeque<Step>>>,
+        seen: Seen,
+    }
+
+    #[derive(Clone, Copy)]
+    enum Step {
+        Ok(Option<Duration>),
+        Fail,
+    }
+
+    impl Script {
+        fn new(steps: &[Step]) -> Script {
+            let script = Script::default();
+            script.steps.lock().unwrap().extend(steps.iter().copied());
+            script
+        }
+
+        fn handler(&self, options: Reconcile) -> ReconcileHandler {
+            let script = self.clone();
+            let func = reconcile_fn(move |ctx: Ctx| {
+                let step = {
+                    let mut steps = script.steps.lock().unwrap();
+                    if steps.len() > 1 {
+                        steps.pop_front()
+                    } else {
+                        steps.front().copied()
+                    }
+                };
+                let triggers = ctx.triggers();
+                script.seen.0.lock().unwrap().push(format!(
+                    "{} {} {} {}",
+                    ctx.retry(),
+                    triggers.related.len(),
+                    triggers.requeued,
+                    ctx.meta().deletion_timestamp.is_some(),
+                ));
+                async move {
+                    match step {
+                        Some(Step::Ok(Some(after))) => Ok(Action::requeue(after)),
+                        Some(Step::Ok(None)) | None => Ok(Action::await_change()),
+                        Some(Step::Fail) => Err(HandlerError::msg("the cache is not warm")),
+                    }
+                }
+            });
+            ReconcileHandler {
+                selector: Selector::parse(WIDGETS),
+                options,
+                func,
+            }
+        }
+
+        fn runs(&self) -> Vec<String> {
+            self.seen.take()
+        }
+    }
+
+    async fn reconciling(handler: ReconcileHandler) -> Handling {
+        let handlers = ResourceHandlers {
+            reconcile: vec![handler],
+            ..ResourceHandlers::default()
+        };
+        Handling::with_handlers(handlers, Settings::default()).await
+    }
+
+    impl Handling {
+        /// A cycle for a requeue or a related change: on the object as it is now, with no watch
+        /// event.
+        async fn triggered(&mut self, triggers: Triggers) -> Cycle {
+            let body = self.get().await.expect("the object exists");
+            let event = Event {
+                event_type: EventType::Modified,
+                body: Arc::new(body),
+                memo: Memo::default(),
+                received: Instant::now(),
+                consistent: true,
+                daemons: None,
+                synthetic: true,
+                triggers,
+            };
+            self.processor
+                .process(event, &mut self.memory)
+                .await
+                .unwrap()
+        }
+
+        async fn requeued(&mut self) -> Cycle {
+            self.triggered(Triggers {
+                requeued: true,
+                ..Triggers::default()
+            })
+            .await
+        }
+    }
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reconcile_error_backs_off_exponentially_and_a_success_resets_it() {
+        use Step::{Fail, Ok as Done};
+        let script = Script::new(&[Fail, Fail, Fail, Done(None), Fail, Done(None)]);
+        let mut h = reconciling(script.handler(Reconcile::id("r"))).await;
+        h.create_widget(1).await;
+        // 5 ms, 10 ms, 20 ms (controller-runtime's 5 ms doubling), each asked as the wake.
+        assert_eq!(h.cycle(EventType::Added).await.wake, Some(MS(5)));
+        for delay in [10, 20] {
+            tokio::time::advance(MS(delay / 2)).await;
+            assert_eq!(h.requeued().await.wake, Some(MS(delay)));
+        }
+        // Early: nothing runs, and the wake is what is left.
+        tokio::time::advance(MS(15)).await;
+        assert_eq!(h.requeued().await.wake, Some(MS(5)));
+        tokio::time::advance(MS(5)).await;
+        assert_eq!(h.requeued().await.wake, None, "succeeded: await a change");
+        assert_eq!(
+            script.runs(),
+            [
+                "0 0 false false",
+                "1 0 true false",
+                "2 0 true false",
+                "3 0 true false"
+            ]
+        );
+        // The next error starts from 5 ms again.
+        h.resize(2).await;
+        assert_eq!(h.cycle(EventType::Modified).await.wake, Some(MS(5)));
+        tokio::time::advance(MS(5)).await;
+        assert_eq!(h.requeued().await.wake, None);
+        assert_eq!(script.runs(), ["0 0 false false", "1 0 true false"]);
+        // Nothing was written for it: no progress, no diff-base, no finalizer.
+        let object = h.get().await.unwrap();
+        assert!(object
+            .metadata
+            .annotations
+            .as_ref()
+            .is_none_or(std::collections::BTreeMap::is_empty));
+        assert!(!finalized(&object));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_requeue_comes_due_and_a_change_runs_the_handler_sooner() {
+        let script = Script::new(&[Step::Ok(Some(Duration::from_secs(30)))]);
+        let mut h = reconciling(script.handler(Reconcile::id("r"))).await;
+        h.create_widget(1).await;
+        assert_eq!(
+            h.cycle(EventType::Added).await.wake,
+            Some(Duration::from_secs(30))
+        );
+        // The same body again (a bookmark's relist, a pause's): nothing runs.
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(
+            h.cycle(EventType::Modified).await.wake,
+            Some(Duration::from_secs(20))
+        );
+        tokio::time::advance(Duration::from_secs(20)).await;
+        assert_eq!(h.requeued().await.wake, Some(Duration::from_secs(30)));
+        // A change 5 s later runs it at once, and asks the requeue anew.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        h.resize(3).await;
+        assert_eq!(
+            h.cycle(EventType::Modified).await.wake,
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            script.runs(),
+            ["0 0 false false", "0 0 true false", "0 0 false false"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_generation_predicate_ignores_status_updates_but_not_related_changes() {
+        let script = Script::new(&[Step::Ok(None)]);
+        let options = Reconcile::id("r").predicate(Predicate::generation_changed());
+        let mut h = reconciling(script.handler(options)).await;
+        h.create_widget(1).await;
+        h.cycle(EventType::Added).await;
+        let status = json!({"status": {"nodes": ["a"]}});
+        h.widgets
+            .patch_status("w1", &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
+        h.cycle(EventType::Modified).await;
+        assert_eq!(
+            script.runs(),
+            ["0 0 false false"],
+            "a status update is ignored"
+        );
+        h.resize(5).await;
+        h.cycle(EventType::Modified).await;
+        let mut triggers = Triggers::default();
+        triggers.add(Trigger::Related(Related {
+            resource: "deployments.v1.apps".into(),
+            namespace: Some("default".into()),
+            name: "w1".into(),
+            event: EventType::Deleted,
+            owned: true,
+        }));
+        h.triggered(triggers).await;
+        assert_eq!(script.runs(), ["0 0 false false", "0 1 false false"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reconcile_finalizer_holds_the_object_until_a_run_during_deletion_succeeds() {
+        use Step::{Fail, Ok as Done};
+        let script = Script::new(&[Done(None), Done(None), Fail, Done(None)]);
+        let mut h = reconciling(script.handler(Reconcile::id("r").finalizer())).await;
+        h.create_widget(1).await;
+        h.cycle(EventType::Added).await;
+        h.settle().await;
+        assert!(finalized(&h.get().await.unwrap()), "the finalizer is added");
+        h.widgets
+            .delete("w1", &DeleteParams::default())
+            .await
+            .unwrap();
+        // The run during the deletion fails: the finalizer stays, a retry is due in 5 ms.
+        let cycle = h.cycle(EventType::Modified).await;
+        assert_eq!(cycle.wake, Some(MS(5)));
+        assert!(finalized(&h.get().await.unwrap()));
+        tokio::time::advance(MS(5)).await;
+        h.requeued().await;
+        assert!(
+            h.get().await.is_none(),
+            "cleaned up: the finalizer went, and the object"
+        );
+        // Created, then the finalizer's own change (any new version triggers), then the deletion.
+        assert_eq!(
+            script.runs(),
+            [
+                "0 0 false false",
+                "0 0 false false",
+                "0 0 false true",
+                "1 0 true true"
+            ]
+        );
     }
 }

@@ -18,9 +18,13 @@
 //!    to the value that handler last saw. Once every handler of the cause is done, progress is
 //!    purged and that becomes the diff-base: not the newest essence, so that whatever changed since
 //!    a handler looked is an update after the cause;
-//! 6. `release_finalizer`: during a deletion, the finalizer goes once no handler is pending and no
-//!    daemon or timer still stops;
-//! 7. `apply_patch`: everything goes out as one combined patch ([`crate::clients::patches::apply`]): the
+//! 6. `run_reconcile`: reconcile handlers ([`crate::intents::reconcile`]) run when their
+//!    predicate passes on the object's change since their last run, a related object changed, or
+//!    their requeue or retry came due (kept in the object's memory: a pause or a new worker keeps
+//!    it); the cycle returns when to wake for the next one ([`Cycle::wake`]);
+//! 7. `release_finalizer`: during a deletion, the finalizer goes once no handler is pending and no
+//!    daemon or timer still stops, and no reconcile handler with `finalizer()` still has to clean up;
+//! 8. `apply_patch`: everything goes out as one combined patch ([`crate::clients::patches::apply`]): the
 //!    results first, then the progress and the diff-base.
 //!
 //! The returned [`Cycle`] says what was [`Written`] (the version to wait for) and the one [`Next`]
@@ -57,10 +61,12 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::actions::execution::{execute_once, Invocation};
+use crate::clients::cache::Caches;
 use crate::clients::observe::{NoObserver, Observer};
 use crate::clients::patches::{self, ApplyError, Patch, PatchFn};
 use crate::clients::posting::EventPoster;
 use crate::intents::handlers::{Attempt, ChangingHandler, Ctx, ErrorsMode, Memo, ResourceHandlers};
+use crate::intents::reconcile::{Action, ReconcileHandler};
 use crate::storage::diffbase::DiffBaseStorage;
 use crate::storage::progress::ProgressStorage;
 use crate::storage::progression::{Outcome, State};
@@ -69,8 +75,10 @@ use crate::structs::diffs::{self, resolve, Diff};
 use crate::structs::finalizers;
 use crate::structs::keys::KeyForming;
 use crate::structs::names::EventType;
+use crate::structs::names::Verdict;
 use crate::structs::resources::Resource;
 use crate::structs::settings::Settings;
+use crate::structs::triggers::Triggers;
 
 /// The longest a cycle sleeps for a delayed handler before touching the object anyway (Kopf's
 /// `WAITING_KEEPALIVE_INTERVAL`: 10 minutes).
@@ -101,6 +109,7 @@ pub struct Processor {
     diffbase: DiffBaseStorage,
     extra_fields: Vec<Vec<String>>,
     clock: Clock,
+    caches: Option<Caches>,
 }
 
 /// Where processing reads the wall-clock time it stores on objects (when handlers started, until
@@ -163,6 +172,21 @@ pub struct ObjectMemory {
     /// have not come back (see [`Cycle::superseded`]). Kept here by the worker when it stops: on a
     /// stream lagging behind by more than the idle timeout, they arrive for the next worker.
     pub superseded: Vec<String>,
+    /// Each reconcile handler's state, by its index among the resource's reconcile handlers.
+    pub reconcile: Vec<ReconcileState>,
+}
+
+/// What a reconcile handler's runs leave for the next, per object.
+#[derive(Default, Clone)]
+pub struct ReconcileState {
+    /// The body of its last run: what its predicate compares the next change with.
+    pub last: Option<Arc<DynamicObject>>,
+    /// Consecutive errors (the backoff's step).
+    pub failures: u32,
+    /// When it runs again with no other trigger: the requeue it asked for, or its retry.
+    pub due: Option<Instant>,
+    /// A run during the deletion succeeded: it lets the finalizer go.
+    pub cleaned: bool,
 }
 
 /// One cycle's input.
@@ -179,6 +203,11 @@ pub struct Event {
     pub consistent: bool,
     /// The object's daemons and timers, when the resource has any.
     pub daemons: Option<DaemonsView>,
+    /// Not a watch event: the cycle runs for its triggers (a related object, a requeue) on the
+    /// newest body the worker has, and `on_event` handlers do not run.
+    pub synthetic: bool,
+    /// What triggered reconcile handlers since the last cycle, besides the object's own change.
+    pub triggers: Triggers,
 }
 
 /// What a cycle needs to know of the object's daemons and timers, and where it says which should run.
@@ -297,6 +326,9 @@ pub struct Cycle {
     /// three): their events carry states older than [`Written::Version`], and the worker skips
     /// them instead of running handlers on them once the consistency timeout has passed.
     pub superseded: Vec<String>,
+    /// When a reconcile handler runs again with no other trigger (a requeue, a retry): the worker
+    /// wakes the object then, and does not idle out meanwhile.
+    pub wake: Option<Duration>,
 }
 
 impl Default for Cycle {
@@ -305,8 +337,18 @@ impl Default for Cycle {
             written: Written::Nothing,
             next: Next::Idle,
             superseded: Vec::new(),
+            wake: None,
         }
     }
+}
+
+/// How the reconcile handlers' part of a cycle went.
+#[derive(Debug, Default)]
+struct Reconciled {
+    /// When the next one is due.
+    wake: Option<Duration>,
+    /// A handler with `finalizer()` has not cleaned up after the deletion yet.
+    holds_finalizer: bool,
 }
 
 /// What a cycle's patch did to the object.
@@ -386,7 +428,14 @@ impl Processor {
             diffbase,
             extra_fields,
             clock: Clock::System,
+            caches: None,
         }
+    }
+
+    /// Handlers read the shared caches `caches` (`ctx.cache`).
+    pub fn with_caches(mut self, caches: Caches) -> Self {
+        self.caches = Some(caches);
+        self
     }
 
     /// Reads the time from `clock` (see [`Clock::Tokio`], for tests).
@@ -426,9 +475,15 @@ impl Processor {
         )
         .with_patch(patch.clone())
         .with_events(self.poster.clone());
+        let base = match &self.caches {
+            Some(caches) => base.with_caches(caches.clone()),
+            None => base,
+        };
         let object = Lifecycle::of(&event, &self.settings.persistence.finalizer);
 
-        self.run_event_handlers(&base).await;
+        if !event.synthetic {
+            self.run_event_handlers(&base).await;
+        }
         let essence = self
             .needs_essence(&event)
             .then(|| self.essence(&event.body, memory));
@@ -451,7 +506,10 @@ impl Processor {
             }
             None => Changing::NotRun,
         };
-        let awaiting_daemons = self.release_finalizer(&patch, &object, &spawning, &changing);
+        let triggers = Arc::new(std::mem::take(&mut event.triggers));
+        let reconciled = self.run_reconcile(&base, &triggers, &object, memory).await;
+        let awaiting_daemons =
+            self.release_finalizer(&patch, &object, &spawning, &changing, &reconciled);
         if object.deleted {
             return Ok(Cycle::default());
         }
@@ -460,6 +518,7 @@ impl Processor {
             next: next_step(&written, &changing, awaiting_daemons),
             written,
             superseded,
+            wake: reconciled.wake,
         })
     }
 
@@ -556,6 +615,7 @@ impl Processor {
     ) -> bool {
         let must_block = spawning.wanted
             || spawning.blocking
+            || self.handlers.reconcile.iter().any(|h| h.options.finalizer)
             || cause.is_some_and(|ctx| {
                 self.handlers
                     .changing
@@ -604,8 +664,13 @@ impl Processor {
         object: &Lifecycle,
         spawning: &Spawning,
         changing: &Changing,
+        reconciled: &Reconciled,
     ) -> bool {
         if object.deleted || !object.deletion_ongoing || !object.deletion_blocked {
+            return false;
+        }
+        if reconciled.holds_finalizer {
+            tracing::debug!("A reconcile handler has not cleaned up yet; the finalizer stays.");
             return false;
         }
         if spawning.blocking {
@@ -623,6 +688,116 @@ impl Processor {
             patch.transform(move |b| finalizers::allow_deletion(b, &finalizer));
         }
         false
+    }
+
+    /// Runs the reconcile handlers that are triggered (see the module's documentation), each at
+    /// most once per cycle, in registration order.
+    async fn run_reconcile(
+        &self,
+        base: &Ctx,
+        triggers: &Arc<Triggers>,
+        object: &Lifecycle,
+        memory: &mut ObjectMemory,
+    ) -> Reconciled {
+        let handlers = &self.handlers.reconcile;
+        let mut reconciled = Reconciled::default();
+        if handlers.is_empty() || object.deleted {
+            // Gone: nothing to reconcile, and nothing to wake for.
+            return reconciled;
+        }
+        memory
+            .reconcile
+            .resize_with(handlers.len(), ReconcileState::default);
+        let related = !triggers.related.is_empty() || triggers.overflowed;
+        for (handler, state) in handlers.iter().zip(memory.reconcile.iter_mut()) {
+            let now = Instant::now();
+            let due = state.due.is_some_and(|due| due <= now);
+            let cleaning = object.deletion_ongoing && handler.options.finalizer;
+            if cleaning && state.cleaned {
+                continue;
+            }
+            if !(due || related || changed(handler, state.last.as_deref(), &base.body)) {
+                if let Some(due) = state.due {
+                    let left = due.saturating_duration_since(now);
+                    reconciled.wake = Some(reconciled.wake.map_or(left, |w| w.min(left)));
+                }
+                reconciled.holds_finalizer |= cleaning;
+                continue;
+            }
+            self.reconcile_once(handler, base, triggers, state).await;
+            if let Some(due) = state.due {
+                let left = due.saturating_duration_since(Instant::now());
+                reconciled.wake = Some(reconciled.wake.map_or(left, |w| w.min(left)));
+            }
+            reconciled.holds_finalizer |= cleaning && !state.cleaned;
+        }
+        reconciled
+    }
+
+    /// One run of one reconcile handler, its outcome kept in `state`.
+    async fn reconcile_once(
+        &self,
+        handler: &ReconcileHandler,
+        base: &Ctx,
+        triggers: &Arc<Triggers>,
+        state: &mut ReconcileState,
+    ) {
+        let options = &handler.options;
+        let func = match options.timeout {
+            Some(timeout) => with_timeout(handler.func.clone(), timeout),
+            None => handler.func.clone(),
+        };
+        let invocation = Invocation {
+            id: &options.id,
+            func: &func,
+            errors: ErrorsMode::Temporary,
+            backoff: self.settings.queueing.reconcile_delay(state.failures + 1),
+            timeout: None,
+            retries: None,
+            post_events: false,
+            resource: &self.label,
+            observer: &*self.observer,
+            active: true,
+        };
+        let ctx = base
+            .clone()
+            .with_triggers(triggers.clone())
+            .with_attempt(Attempt {
+                id: options.id.as_str().into(),
+                param: options.param.clone(),
+                retry: state.failures,
+                started: None,
+                runtime: Duration::ZERO,
+                old: None,
+                new: None,
+                diff: None,
+                reduced: false,
+            });
+        let Ok(_permit) = self.limiter.acquire().await else {
+            return;
+        };
+        let (outcome, verdict) =
+            execute_once(&invocation, ctx, state.failures, Duration::ZERO).await;
+        let now = Instant::now();
+        state.last = Some(base.body.clone());
+        match (verdict, outcome.delay) {
+            (Verdict::Success, _) => {
+                state.failures = 0;
+                let action = Action::from_value(outcome.result.as_ref());
+                state.due = action.requeue_after().map(|after| now + after);
+                state.cleaned = finalizers::is_deletion_ongoing(&base.body);
+            }
+            // Retried: after the backoff (arbitrary errors) or its own delay (temporary ones).
+            (_, Some(delay)) if !outcome.final_ => {
+                state.failures = state.failures.saturating_add(1);
+                state.due = Some(now + delay);
+            }
+            // Failed for good: until the next trigger.
+            _ => {
+                state.failures = 0;
+                state.due = None;
+            }
+        }
     }
 
     /// Kopf's `apply_reaction_outcomes`: everything the cycle gathered goes out as one combined
@@ -1057,6 +1232,43 @@ fn seen_by_field_handlers(
 }
 
 /// A hash of a JSON value (of its serialisation; keys are ordered).
+/// Whether the object changed for the handler since its last run: always on the first sight and
+/// at the start of the deletion; otherwise as its predicate says (any new version by default).
+fn changed(handler: &ReconcileHandler, last: Option<&DynamicObject>, body: &DynamicObject) -> bool {
+    let Some(last) = last else {
+        return true;
+    };
+    if last.metadata.deletion_timestamp.is_none() && body.metadata.deletion_timestamp.is_some() {
+        return true;
+    }
+    match &handler.options.predicate {
+        Some(predicate) => predicate.test(last, body),
+        None => last.metadata.resource_version != body.metadata.resource_version,
+    }
+}
+
+/// The function, cancelled after `timeout` with an error (retried with the backoff).
+fn with_timeout(
+    func: crate::intents::handlers::HandlerFn,
+    timeout: Duration,
+) -> crate::intents::handlers::HandlerFn {
+    use futures::FutureExt;
+    Arc::new(move |ctx| {
+        let call = func(ctx);
+        async move {
+            tokio::time::timeout(timeout, call)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(crate::intents::handlers::HandlerError::msg(format!(
+                        "timed out after {} seconds (cancelled while running)",
+                        timeout.as_secs_f64()
+                    )))
+                })
+        }
+        .boxed()
+    })
+}
+
 fn hash_of(value: &Value) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();

@@ -2,6 +2,7 @@
 //! patches, Kubernetes Events, the watch stream of one resource, and the observer hooks.
 
 pub mod api;
+pub mod cache;
 pub mod discovery;
 pub mod metered;
 pub mod observe;

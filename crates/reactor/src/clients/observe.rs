@@ -99,6 +99,9 @@ pub trait Observer: Send + Sync + 'static {
     /// A message to an actor named `actor` came to `outcome`; `duration` is how long its handling
     /// ran (zero when it was never handled).
     fn actor_message(&self, _actor: &str, _outcome: MessageOutcome, _duration: Duration) {}
+
+    /// The shared cache of `resource` now holds `objects` objects, `bytes` bytes of them as JSON.
+    fn cache_size(&self, _resource: &str, _objects: usize, _bytes: usize) {}
 }
 
 /// The observer that observes nothing.
@@ -183,6 +186,11 @@ impl Observer for Tee {
         self.0
             .iter()
             .for_each(|o| o.api_request(verb, code, duration));
+    }
+    fn cache_size(&self, resource: &str, objects: usize, bytes: usize) {
+        self.0
+            .iter()
+            .for_each(|o| o.cache_size(resource, objects, bytes));
     }
 }
 

@@ -19,13 +19,16 @@ use kube::api::DynamicObject;
 use serde_json::Value;
 use tokio::sync::watch;
 
+use crate::clients::cache::{Cache, CacheError, Caches};
 use crate::clients::patches::Patch;
 use crate::clients::posting::{EventPoster, Level, ObjectRef};
 use crate::structs::causes::{ChangingCause, Reason};
 use crate::structs::diffs::Diff;
 use crate::structs::names::EventType;
 use crate::structs::resources::Resource;
+use crate::structs::resources::Selector;
 use crate::structs::stopping::{Live, Stopped};
+use crate::structs::triggers::Triggers;
 
 /// What a handler returns when it fails. Any `std::error::Error` converts into it with `?`.
 pub enum HandlerError {
@@ -190,6 +193,8 @@ pub struct Ctx {
     attempt: Option<Arc<Attempt>>,
     events: Option<Arc<EventSink>>,
     daemon: Option<Arc<DaemonSide>>,
+    caches: Option<Caches>,
+    triggers: Option<Arc<Triggers>>,
 }
 
 /// What daemons and timers see beyond other handlers: the stop signal and the live body.
@@ -249,6 +254,8 @@ impl Ctx {
             attempt: None,
             events: None,
             daemon: None,
+            caches: None,
+            triggers: None,
         }
     }
 
@@ -314,6 +321,38 @@ impl Ctx {
         let object = ObjectRef::of(&self.body, &self.resource);
         self.events = Some(Arc::new(EventSink { poster, object }));
         self
+    }
+
+    /// The same context, reading the operator's shared caches.
+    pub fn with_caches(mut self, caches: Caches) -> Self {
+        self.caches = Some(caches);
+        self
+    }
+
+    /// The same context, for a reconcile run with these triggers.
+    pub fn with_triggers(mut self, triggers: Arc<Triggers>) -> Self {
+        self.triggers = Some(triggers);
+        self
+    }
+
+    /// The shared cache of a resource that a reconcile handler owns, watches or reads (or
+    /// reconciles): read without a request to the API server, and never older than the event that
+    /// triggered this run (`kactor_reactor::cache`).
+    pub fn cache(&self, resource: impl Into<Selector>) -> Result<Cache, CacheError> {
+        let selector = resource.into();
+        match &self.caches {
+            Some(caches) => caches.get(&selector),
+            None => Err(CacheError::NotCached(selector.name)),
+        }
+    }
+
+    /// For reconcile handlers: what triggered this run besides the object's own change (related
+    /// objects that changed, a requeue); empty for other handlers.
+    pub fn triggers(&self) -> &Triggers {
+        static NONE: std::sync::OnceLock<Triggers> = std::sync::OnceLock::new();
+        self.triggers
+            .as_deref()
+            .unwrap_or_else(|| NONE.get_or_init(Triggers::default))
     }
 
     /// A client, to call the API.

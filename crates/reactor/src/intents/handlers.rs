@@ -22,6 +22,7 @@ pub use crate::intents::context::{
 };
 use crate::intents::daemons::{Cancellation, Daemon, InitialDelay, Timer};
 use crate::intents::filters::{Filters, MetaFilter, ValueFilter};
+use crate::intents::reconcile::ReconcileHandler;
 use crate::structs::causes::Reason;
 use crate::structs::names::SpawningKind;
 use crate::structs::resources::Selector;
@@ -289,6 +290,8 @@ pub struct ResourceHandlers {
     pub changing: Vec<ChangingHandler>,
     /// Daemons and timers, in registration order.
     pub spawning: Vec<SpawningHandler>,
+    /// Reconcile handlers, in registration order.
+    pub reconcile: Vec<ReconcileHandler>,
 }
 
 impl ResourceHandlers {
@@ -299,7 +302,16 @@ impl ResourceHandlers {
             .map(|h| h.id.as_str())
             .chain(self.changing.iter().map(|h| h.id.as_str()))
             .chain(self.spawning.iter().map(|h| h.id.as_str()))
+            .chain(self.reconcile.iter().map(ReconcileHandler::id))
             .collect()
+    }
+
+    /// Adds every handler of `other` (a resource served with the handlers of several selectors).
+    pub fn extend(&mut self, other: &ResourceHandlers) {
+        self.event.extend(other.event.iter().cloned());
+        self.changing.extend(other.changing.iter().cloned());
+        self.spawning.extend(other.spawning.iter().cloned());
+        self.reconcile.extend(other.reconcile.iter().cloned());
     }
 
     /// The fields named by handlers, kept in the essence even outside `spec` (Kopf's extra fields).
@@ -325,7 +337,10 @@ impl ResourceHandlers {
 
     /// Whether there is nothing to run.
     pub fn is_empty(&self) -> bool {
-        self.event.is_empty() && self.changing.is_empty() && self.spawning.is_empty()
+        self.event.is_empty()
+            && self.changing.is_empty()
+            && self.spawning.is_empty()
+            && self.reconcile.is_empty()
     }
 }
 
@@ -338,6 +353,8 @@ pub struct Registry {
     pub changing_handlers: Vec<ChangingHandler>,
     /// Daemons and timers, in registration order.
     pub spawning_handlers: Vec<SpawningHandler>,
+    /// Reconcile handlers, in registration order.
+    pub reconcile_handlers: Vec<ReconcileHandler>,
     /// `on_startup` activities, run in order before anything is watched.
     pub startup: Vec<Activity>,
     /// `on_cleanup` activities, run in order after everything stopped.
@@ -355,7 +372,8 @@ impl Registry {
             .iter()
             .map(|h| &h.selector)
             .chain(self.changing_handlers.iter().map(|h| &h.selector))
-            .chain(self.spawning_handlers.iter().map(|h| &h.selector));
+            .chain(self.spawning_handlers.iter().map(|h| &h.selector))
+            .chain(self.reconcile_handlers.iter().map(|h| &h.selector));
         for selector in all {
             if !selectors.contains(selector) {
                 selectors.push(selector.clone());
@@ -385,7 +403,26 @@ impl Registry {
                 .filter(|h| h.selector == *selector)
                 .cloned()
                 .collect(),
+            reconcile: self
+                .reconcile_handlers
+                .iter()
+                .filter(|h| h.selector == *selector)
+                .cloned()
+                .collect(),
         }
+    }
+
+    /// The kinds reconcile handlers cache (owned, watched, read), in registration order.
+    pub fn cached_kinds(&self) -> Vec<Selector> {
+        let mut kinds: Vec<Selector> = Vec::new();
+        for handler in &self.reconcile_handlers {
+            for selector in handler.options.cached_kinds() {
+                if !kinds.contains(&selector) {
+                    kinds.push(selector);
+                }
+            }
+        }
+        kinds
     }
 }
 

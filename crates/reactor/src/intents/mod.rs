@@ -5,3 +5,4 @@ pub mod context;
 pub mod daemons;
 pub mod filters;
 pub mod handlers;
+pub mod reconcile;

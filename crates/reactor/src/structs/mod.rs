@@ -1,8 +1,10 @@
 //! The vocabulary, with no I/O: names shared by every layer (event types, verdicts, restart reasons),
 //! resources and how users name them, causes and diffs, Kopf's annotation keys and finalizer, the
-//! served namespaces, settings, the pause switch, and how daemons are told to stop.
+//! served namespaces, settings, the pause switch, how daemons are told to stop, object hierarchies,
+//! status conditions, and what triggers reconcile handlers.
 
 pub mod causes;
+pub mod conditions;
 pub mod diffs;
 pub mod finalizers;
 pub mod hierarchies;
@@ -15,3 +17,4 @@ pub mod pausing;
 pub mod resources;
 pub mod settings;
 pub mod stopping;
+pub mod triggers;

@@ -63,6 +63,24 @@ pub struct Queueing {
     /// retries, a bug): the pauses before the next attempt, stepping forward on each consecutive error
     /// and reset by a success (Kopf's `queueing.error_delays`: 1, 1, 2, 3, 5, ... 610 s).
     pub error_delays: Vec<Duration>,
+    /// Reconcile handlers: the delay before retrying after an error, per object, doubling from
+    /// `.0` at each consecutive error up to `.1`, and reset by a success (controller-runtime's
+    /// per-item exponential backoff: 5 ms to 1000 s).
+    pub reconcile_backoff: (Duration, Duration),
+}
+
+impl Queueing {
+    /// The delay before the reconcile attempt that follows `failures` consecutive errors (the first
+    /// retry: `failures` = 1): `base * 2^(failures - 1)`, at most `max`.
+    pub fn reconcile_delay(&self, failures: u32) -> Duration {
+        let (base, max) = self.reconcile_backoff;
+        let exponent = failures.saturating_sub(1);
+        if exponent >= 32 {
+            return max;
+        }
+        base.checked_mul(1u32 << exponent)
+            .map_or(max, |delay| delay.min(max))
+    }
 }
 
 impl Default for Queueing {
@@ -74,6 +92,7 @@ impl Default for Queueing {
                 .into_iter()
                 .map(Duration::from_secs)
                 .collect(),
+            reconcile_backoff: (Duration::from_millis(5), Duration::from_secs(1000)),
         }
     }
 }
@@ -274,6 +293,17 @@ impl Default for PostingSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reconcile_errors_back_off_exponentially_up_to_the_cap() {
+        let queueing = Queueing::default();
+        let ms = |failures| queueing.reconcile_delay(failures).as_millis();
+        assert_eq!([ms(1), ms(2), ms(3), ms(4), ms(11)], [5, 10, 20, 40, 5120]);
+        assert_eq!(ms(18), 655_360);
+        assert_eq!(ms(19), 1_000_000, "capped at 1000 s");
+        assert_eq!(ms(40), 1_000_000);
+        assert_eq!(ms(u32::MAX), 1_000_000);
+    }
 
     #[test]
     fn defaults_are_kopfs() {

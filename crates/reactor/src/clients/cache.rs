@@ -1,0 +1,650 @@
+//! The shared cache: one store per resource, fed by the operator's own watch streams, read by every
+//! handler without a request to the API server (controller-runtime's informer cache, kube-rs's
+//! reflector `Store`).
+//!
+//! **Expected flow**: the stream that watches a resource (a supervisor for a resource with
+//! reconcile handlers, a cache watch for the kinds they own or watch, see `Reconcile::owns`)
+//! applies each event to the resource's [`Store`] *before* it routes the event anywhere; handlers
+//! read it through [`Cache`] (`ctx.cache("deployments.v1.apps")`): [`Cache::get`], [`Cache::list`],
+//! [`Cache::matching`] (labels), [`Cache::owned_by`] (ownerReferences, indexed).
+//!
+//! **Guarantees**
+//! * **Never older than the trigger.** A handler run because of an event reads a store that has
+//!   that event applied already: the stream applies, then routes. So a reconcile triggered by a
+//!   child's change sees that change, and the parent's own store holds at least the body the handler
+//!   was given.
+//! * **Read your own writes.** A handler that just created or changed an object may put the API
+//!   server's answer in the store ([`Cache::remember`]): it is kept unless the store already holds
+//!   a newer version (resourceVersions compared as numbers when both are numbers, as
+//!   java-operator-sdk's `TemporaryResourceCache` does; otherwise the watch wins), so the next run
+//!   does not create the object again because the watch has not brought it yet.
+//! * A relist (410 Gone, a resume) replaces what its scope held: objects that vanished meanwhile are
+//!   removed when the listing completes.
+//! * Bounded by what is watched: only kinds that some handler owns, watches or reconciles are
+//!   cached; the number of objects and their size (as JSON) are metrics
+//!   (`kactor_cache_objects`, `kactor_cache_bytes`).
+//!
+//! Reads take a read lock for a moment and clone `Arc`s: never a copy of a body.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use kube::api::DynamicObject;
+
+use crate::clients::observe::Observer;
+use crate::structs::names::EventType;
+use crate::structs::resources::{Resource, Selector};
+
+/// An object's place in a store: its namespace (None for cluster-scoped objects) and name.
+pub type CacheKey = (Option<String>, String);
+
+/// One resource's objects, as the operator's watch streams last saw them.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<StoreInner>,
+}
+
+struct StoreInner {
+    resource: Arc<Resource>,
+    label: Arc<str>,
+    state: RwLock<State>,
+    observer: Arc<dyn Observer>,
+}
+
+#[derive(Default)]
+struct State {
+    objects: HashMap<CacheKey, Entry>,
+    /// Owner uid -> the keys of the objects that name it in their ownerReferences.
+    owners: HashMap<Arc<str>, HashSet<CacheKey>>,
+    /// Keys seen by each listing under way, by the listing's namespace (None: all).
+    listing: HashMap<Option<String>, HashSet<CacheKey>>,
+    bytes: usize,
+}
+
+struct Entry {
+    object: Arc<DynamicObject>,
+    bytes: usize,
+    owners: Vec<Arc<str>>,
+}
+
+impl Store {
+    /// An empty store of `resource`, its size told to `observer`.
+    pub fn new(resource: Arc<Resource>, observer: Arc<dyn Observer>) -> Self {
+        let label = Arc::from(resource.to_string());
+        Store {
+            inner: Arc::new(StoreInner {
+                resource,
+                label,
+                state: RwLock::new(State::default()),
+                observer,
+            }),
+        }
+    }
+
+    /// The resource it holds.
+    pub fn resource(&self) -> &Arc<Resource> {
+        &self.inner.resource
+    }
+
+    /// Applies one event of a watch stream: an object listed, added or modified is kept, a deleted
+    /// one removed. Returns whether the store changed (a listed object it held at the same version
+    /// did not change it).
+    pub fn apply(&self, event_type: EventType, object: &Arc<DynamicObject>) -> bool {
+        let Some(key) = key_of(object) else {
+            return false;
+        };
+        let mut state = self.write();
+        let held = state
+            .objects
+            .get(&key)
+            .map(|e| e.object.metadata.resource_version.clone());
+        let changed = match event_type {
+            EventType::Deleted => {
+                state.remove(&key);
+                held.is_some()
+            }
+            EventType::Listed => {
+                for (scope, seen) in &mut state.listing {
+                    if scope.is_none() || *scope == key.0 {
+                        seen.insert(key.clone());
+                    }
+                }
+                let changed = held.as_ref() != Some(&object.metadata.resource_version);
+                if changed {
+                    state.insert(key, object.clone());
+                }
+                changed
+            }
+            EventType::Added | EventType::Modified => {
+                state.insert(key, object.clone());
+                true
+            }
+        };
+        if changed {
+            self.report(&state);
+        }
+        changed
+    }
+
+    /// A listing of `namespace` (None: every namespace) starts: what it does not bring is removed
+    /// when it completes ([`Store::listing_done`]).
+    pub fn listing_started(&self, namespace: Option<&str>) {
+        self.write()
+            .listing
+            .insert(namespace.map(String::from), HashSet::new());
+    }
+
+    /// The listing of `namespace` completed: objects of its scope that it did not bring vanished,
+    /// and are removed (and returned).
+    pub fn listing_done(&self, namespace: Option<&str>) -> Vec<Arc<DynamicObject>> {
+        let mut state = self.write();
+        let Some(seen) = state.listing.remove(&namespace.map(String::from)) else {
+            return Vec::new();
+        };
+        let vanished: Vec<CacheKey> = state
+            .objects
+            .keys()
+            .filter(|key| namespace.is_none_or(|ns| key.0.as_deref() == Some(ns)))
+            .filter(|key| !seen.contains(*key))
+            .cloned()
+            .collect();
+        let mut removed = Vec::new();
+        for key in vanished {
+            if let Some(entry) = state.objects.get(&key) {
+                removed.push(entry.object.clone());
+            }
+            state.remove(&key);
+        }
+        self.report(&state);
+        removed
+    }
+
+    /// Forgets every object of `namespace` (None: all): the scope is not served any more.
+    pub fn forget(&self, namespace: Option<&str>) {
+        let mut state = self.write();
+        let gone: Vec<CacheKey> = state
+            .objects
+            .keys()
+            .filter(|key| namespace.is_none_or(|ns| key.0.as_deref() == Some(ns)))
+            .cloned()
+            .collect();
+        for key in gone {
+            state.remove(&key);
+        }
+        self.report(&state);
+    }
+
+    /// The handle handlers read with.
+    pub fn cache(&self) -> Cache {
+        Cache {
+            store: self.clone(),
+        }
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, State> {
+        self.inner
+            .state
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, State> {
+        self.inner
+            .state
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn report(&self, state: &State) {
+        self.inner
+            .observer
+            .cache_size(&self.inner.label, state.objects.len(), state.bytes);
+    }
+}
+
+impl State {
+    fn insert(&mut self, key: CacheKey, object: Arc<DynamicObject>) {
+        self.remove(&key);
+        let owners: Vec<Arc<str>> = object
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|owner| Arc::from(owner.uid.as_str()))
+            .collect();
+        for owner in &owners {
+            self.owners
+                .entry(owner.clone())
+                .or_default()
+                .insert(key.clone());
+        }
+        let bytes = json_size(&object);
+        self.bytes += bytes;
+        self.objects.insert(
+            key,
+            Entry {
+                object,
+                bytes,
+                owners,
+            },
+        );
+    }
+
+    fn remove(&mut self, key: &CacheKey) {
+        let Some(entry) = self.objects.remove(key) else {
+            return;
+        };
+        self.bytes = self.bytes.saturating_sub(entry.bytes);
+        for owner in entry.owners {
+            if let Some(owned) = self.owners.get_mut(&owner) {
+                owned.remove(key);
+                if owned.is_empty() {
+                    self.owners.remove(&owner);
+                }
+            }
+        }
+    }
+}
+
+/// A resource's cache, as a handler reads it (`ctx.cache(..)`).
+///
+/// ```
+/// # use kactor_reactor::handlers::{Ctx, HandlerError};
+/// async fn nodes(ctx: Ctx) -> Result<Vec<String>, HandlerError> {
+///     let pods = ctx.cache("pods")?;
+///     let ns = ctx.namespace().unwrap_or_default();
+///     Ok(pods
+///         .matching(Some(ns), &[("app", "memcached"), ("memcached_cr", ctx.name())])
+///         .iter()
+///         .filter_map(|pod| pod.metadata.name.clone())
+///         .collect())
+/// }
+/// ```
+#[derive(Clone)]
+pub struct Cache {
+    store: Store,
+}
+
+impl Cache {
+    /// The resource it holds.
+    pub fn resource(&self) -> &Resource {
+        &self.store.inner.resource
+    }
+
+    /// The object named `name` in `namespace` (None for cluster-scoped objects).
+    pub fn get(&self, namespace: Option<&str>, name: &str) -> Option<Arc<DynamicObject>> {
+        let key = (namespace.map(String::from), name.to_string());
+        self.store
+            .read()
+            .objects
+            .get(&key)
+            .map(|e| e.object.clone())
+    }
+
+    /// Every object in `namespace` (None: in every namespace), in no particular order.
+    pub fn list(&self, namespace: Option<&str>) -> Vec<Arc<DynamicObject>> {
+        self.filter(namespace, |_| true)
+    }
+
+    /// The objects in `namespace` (None: everywhere) whose labels include every pair given
+    /// (controller-runtime's `client.MatchingLabels`).
+    pub fn matching(
+        &self,
+        namespace: Option<&str>,
+        labels: &[(&str, &str)],
+    ) -> Vec<Arc<DynamicObject>> {
+        self.filter(namespace, |object| {
+            has_labels(object.metadata.labels.as_ref(), labels)
+        })
+    }
+
+    /// The objects in `namespace` (None: everywhere) that pass `keep`.
+    pub fn filter(
+        &self,
+        namespace: Option<&str>,
+        keep: impl Fn(&DynamicObject) -> bool,
+    ) -> Vec<Arc<DynamicObject>> {
+        self.store
+            .read()
+            .objects
+            .iter()
+            .filter(|(key, _)| namespace.is_none_or(|ns| key.0.as_deref() == Some(ns)))
+            .filter(|(_, entry)| keep(&entry.object))
+            .map(|(_, entry)| entry.object.clone())
+            .collect()
+    }
+
+    /// The objects whose ownerReferences name `owner` (by uid; any owner, controller or not).
+    pub fn owned_by(&self, owner: &DynamicObject) -> Vec<Arc<DynamicObject>> {
+        let Some(uid) = owner.metadata.uid.as_deref() else {
+            return Vec::new();
+        };
+        let state = self.store.read();
+        state
+            .owners
+            .get(uid)
+            .into_iter()
+            .flatten()
+            .filter_map(|key| state.objects.get(key).map(|e| e.object.clone()))
+            .collect()
+    }
+
+    /// How many objects it holds.
+    pub fn len(&self) -> usize {
+        self.store.read().objects.len()
+    }
+
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Keeps an object as the API server answered a write of ours (a create, a patch), so that the
+    /// next read sees it before the watch brings it. Ignored when the store already has a newer
+    /// version of it; the watch's next event replaces it. Returns whether it was kept.
+    pub fn remember(&self, object: DynamicObject) -> bool {
+        let Some(key) = key_of(&object) else {
+            return false;
+        };
+        let mut state = self.store.write();
+        let newer = state.objects.get(&key).is_some_and(|held| {
+            !is_newer(
+                object.metadata.resource_version.as_deref(),
+                held.object.metadata.resource_version.as_deref(),
+            )
+        });
+        if newer {
+            return false;
+        }
+        state.insert(key, Arc::new(object));
+        self.store.report(&state);
+        true
+    }
+
+    /// Forgets an object we deleted, so that the next read does not find it before the watch says
+    /// it is gone.
+    pub fn forget(&self, namespace: Option<&str>, name: &str) {
+        let key = (namespace.map(String::from), name.to_string());
+        let mut state = self.store.write();
+        state.remove(&key);
+        self.store.report(&state);
+    }
+}
+
+/// The operator's caches, by resource: what `ctx.cache(..)` looks in.
+#[derive(Clone, Default)]
+pub struct Caches {
+    stores: Arc<RwLock<Vec<Store>>>,
+}
+
+/// Why a cache cannot be read.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CacheError {
+    /// No handler owns, watches or reconciles the resource, so it is not cached.
+    #[error("`{0}` is not cached: name it in a reconcile handler's `owns`, `watches` or `cache` (or reconcile it)")]
+    NotCached(String),
+}
+
+impl Caches {
+    /// The store of `resource`, made (empty) if there is none yet.
+    pub fn store(&self, resource: &Arc<Resource>, observer: &Arc<dyn Observer>) -> Store {
+        let mut stores = self
+            .stores
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(store) = stores.iter().find(|s| **s.resource() == **resource) {
+            return store.clone();
+        }
+        let store = Store::new(resource.clone(), observer.clone());
+        stores.push(store.clone());
+        store
+    }
+
+    /// The cache of the resource `selector` names.
+    pub fn get(&self, selector: &Selector) -> Result<Cache, CacheError> {
+        let stores = self
+            .stores
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        stores
+            .iter()
+            .filter(|s| selector.matches(s.resource()))
+            // The preferred version when the selector names none.
+            .max_by_key(|s| s.resource().preferred)
+            .map(Store::cache)
+            .ok_or_else(|| CacheError::NotCached(selector_text(selector)))
+    }
+}
+
+fn selector_text(selector: &Selector) -> String {
+    match (&selector.version, &selector.group) {
+        (Some(version), Some(group)) if !group.is_empty() => {
+            format!("{}.{version}.{group}", selector.name)
+        }
+        (Some(version), _) => format!("{}.{version}", selector.name),
+        (None, Some(group)) if !group.is_empty() => format!("{}.{group}", selector.name),
+        _ => selector.name.clone(),
+    }
+}
+
+fn key_of(object: &DynamicObject) -> Option<CacheKey> {
+    let name = object.metadata.name.clone()?;
+    Some((object.metadata.namespace.clone(), name))
+}
+
+fn has_labels(labels: Option<&BTreeMap<String, String>>, wanted: &[(&str, &str)]) -> bool {
+    wanted.iter().all(|(key, value)| {
+        labels
+            .and_then(|labels| labels.get(*key))
+            .is_some_and(|v| v == value)
+    })
+}
+
+/// Whether version `a` is newer than `b`: as numbers when both are (etcd's revisions); otherwise a
+/// different version counts as newer only when `b` is unknown.
+fn is_newer(a: Option<&str>, b: Option<&str>) -> bool {
+    match (a.map(str::parse::<u64>), b.map(str::parse::<u64>)) {
+        (Some(Ok(a)), Some(Ok(b))) => a > b,
+        (Some(_), None) => true,
+        _ => false,
+    }
+}
+
+/// The size of the object as JSON, counted without keeping the text.
+fn json_size(object: &DynamicObject) -> usize {
+    struct Counter(usize);
+    impl io::Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    let _ = serde_json::to_writer(&mut counter, object);
+    counter.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clients::observe::NoObserver;
+    use serde_json::json;
+
+    fn pods() -> Arc<Resource> {
+        Arc::new(Resource {
+            group: String::new(),
+            version: "v1".into(),
+            plural: "pods".into(),
+            kind: "Pod".into(),
+            singular: "pod".into(),
+            short_names: vec!["po".into()],
+            categories: vec![],
+            namespaced: true,
+            preferred: true,
+            verbs: vec![],
+            subresources: vec![],
+        })
+    }
+
+    fn pod(ns: &str, name: &str, rv: &str, owner: Option<&str>, app: &str) -> Arc<DynamicObject> {
+        let mut value = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "resourceVersion": rv, "uid": format!("uid-{name}"),
+                         "labels": {"app": app}},
+        });
+        if let Some(owner) = owner {
+            value["metadata"]["ownerReferences"] = json!([{
+                "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": owner, "controller": true
+            }]);
+        }
+        Arc::new(serde_json::from_value(value).unwrap())
+    }
+
+    fn store() -> Store {
+        Store::new(pods(), Arc::new(NoObserver))
+    }
+
+    #[test]
+    fn events_keep_the_newest_and_deletions_remove() {
+        let store = store();
+        let cache = store.cache();
+        store.apply(EventType::Added, &pod("a", "p1", "1", None, "web"));
+        store.apply(EventType::Modified, &pod("a", "p1", "2", None, "web"));
+        store.apply(EventType::Added, &pod("b", "p2", "3", None, "db"));
+        assert_eq!(cache.len(), 2);
+        let p1 = cache.get(Some("a"), "p1").unwrap();
+        assert_eq!(p1.metadata.resource_version.as_deref(), Some("2"));
+        assert!(cache.get(Some("b"), "p1").is_none());
+        assert_eq!(cache.list(Some("b")).len(), 1);
+        assert_eq!(cache.list(None).len(), 2);
+        store.apply(EventType::Deleted, &pod("a", "p1", "4", None, "web"));
+        assert!(cache.get(Some("a"), "p1").is_none());
+        assert_eq!(cache.len(), 1);
+    }
+
+    #[test]
+    fn labels_and_owners_select_objects() {
+        let store = store();
+        let cache = store.cache();
+        store.apply(EventType::Added, &pod("a", "p1", "1", Some("o1"), "web"));
+        store.apply(EventType::Added, &pod("a", "p2", "2", Some("o1"), "db"));
+        store.apply(EventType::Added, &pod("a", "p3", "3", Some("o2"), "web"));
+        let web = cache.matching(Some("a"), &[("app", "web")]);
+        assert_eq!(web.len(), 2);
+        assert!(cache
+            .matching(Some("a"), &[("app", "web"), ("tier", "x")])
+            .is_empty());
+        let owner: DynamicObject =
+            serde_json::from_value(json!({"metadata": {"name": "rs", "uid": "o1"}})).unwrap();
+        let mut owned: Vec<_> = cache
+            .owned_by(&owner)
+            .iter()
+            .map(|p| p.metadata.name.clone().unwrap())
+            .collect();
+        owned.sort();
+        assert_eq!(owned, ["p1", "p2"]);
+        // An owner changed: the index follows.
+        store.apply(EventType::Modified, &pod("a", "p2", "4", Some("o2"), "db"));
+        assert_eq!(cache.owned_by(&owner).len(), 1);
+        store.apply(EventType::Deleted, &pod("a", "p1", "5", Some("o1"), "web"));
+        assert!(cache.owned_by(&owner).is_empty());
+    }
+
+    #[test]
+    fn a_relist_removes_what_vanished_in_its_scope_only() {
+        let store = store();
+        let cache = store.cache();
+        store.apply(EventType::Added, &pod("a", "p1", "1", None, "web"));
+        store.apply(EventType::Added, &pod("a", "p2", "2", None, "web"));
+        store.apply(EventType::Added, &pod("b", "p3", "3", None, "web"));
+        store.listing_started(Some("a"));
+        assert!(!store.apply(EventType::Listed, &pod("a", "p2", "2", None, "web")));
+        assert!(store.apply(EventType::Listed, &pod("a", "p3", "9", None, "web")));
+        let vanished = store.listing_done(Some("a"));
+        assert_eq!(vanished.len(), 1);
+        assert_eq!(vanished[0].metadata.name.as_deref(), Some("p1"));
+        assert!(cache.get(Some("a"), "p1").is_none());
+        assert!(cache.get(Some("a"), "p2").is_some());
+        assert!(
+            cache.get(Some("b"), "p3").is_some(),
+            "another namespace's listing"
+        );
+        store.listing_started(None);
+        assert_eq!(store.listing_done(None).len(), 3);
+        assert!(cache.is_empty());
+    }
+
+    #[test]
+    fn our_own_writes_are_read_until_the_watch_is_newer() {
+        let store = store();
+        let cache = store.cache();
+        // Created by a handler: the watch has not brought it yet.
+        assert!(cache.remember((*pod("a", "p1", "5", None, "web")).clone()));
+        assert!(cache.get(Some("a"), "p1").is_some());
+        // The watch brings an older version (an event already in flight): ours stays newer...
+        assert!(!cache.remember((*pod("a", "p1", "4", None, "web")).clone()));
+        store.apply(EventType::Modified, &pod("a", "p1", "7", None, "web"));
+        // ...and a write answered with an older version than the watch's is not kept.
+        assert!(!cache.remember((*pod("a", "p1", "6", None, "web")).clone()));
+        assert_eq!(
+            cache
+                .get(Some("a"), "p1")
+                .unwrap()
+                .metadata
+                .resource_version
+                .as_deref(),
+            Some("7")
+        );
+        cache.forget(Some("a"), "p1");
+        assert!(cache.is_empty());
+    }
+
+    #[test]
+    fn caches_are_found_by_the_names_users_write() {
+        let caches = Caches::default();
+        let observer: Arc<dyn Observer> = Arc::new(NoObserver);
+        let store = caches.store(&pods(), &observer);
+        store.apply(EventType::Added, &pod("a", "p1", "1", None, "web"));
+        for name in ["pods", "pods.v1", "po", "Pod"] {
+            assert_eq!(
+                caches.get(&Selector::parse(name)).unwrap().len(),
+                1,
+                "{name}"
+            );
+        }
+        // The same store for the same resource.
+        assert_eq!(caches.store(&pods(), &observer).cache().len(), 1);
+        let error = caches
+            .get(&Selector::parse("deployments.v1.apps"))
+            .err()
+            .unwrap();
+        assert!(error
+            .to_string()
+            .contains("`deployments.v1.apps` is not cached"));
+    }
+
+    #[test]
+    fn the_size_in_bytes_follows_the_objects() {
+        #[derive(Default)]
+        struct Sizes(std::sync::Mutex<(usize, usize)>);
+        impl Observer for Sizes {
+            fn cache_size(&self, _: &str, objects: usize, bytes: usize) {
+                *self.0.lock().unwrap() = (objects, bytes);
+            }
+        }
+        let sizes = Arc::new(Sizes::default());
+        let store = Store::new(pods(), sizes.clone());
+        let p1 = pod("a", "p1", "1", None, "web");
+        store.apply(EventType::Added, &p1);
+        let one = serde_json::to_vec(&*p1).unwrap().len();
+        assert_eq!(*sizes.0.lock().unwrap(), (1, one));
+        store.apply(EventType::Modified, &pod("a", "p1", "2", None, "web"));
+        assert_eq!(*sizes.0.lock().unwrap(), (1, one));
+        store.apply(EventType::Deleted, &p1);
+        assert_eq!(*sizes.0.lock().unwrap(), (0, 0));
+    }
+}

@@ -1,0 +1,375 @@
+//! Reconcile handlers end to end, on both test clusters: owned and watched kinds routed to their
+//! owner's worker, predicates, the shared cache read without requests, and one handler at a time
+//! per object. (The memcached example's reconcile version is in `examples.rs`; backoff and requeue
+//! timing, under paused time, in the reactor's handling suite.)
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kactor::observe::Observer;
+use kactor::prelude::*;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::ResourceExt;
+use serde_json::Value;
+use support::*;
+
+const WIDGETS: (&str, &str, &str) = ("example.com", "v1", "widgets");
+
+/// Makes a widget.
+async fn create_widget(widgets: &Api<DynamicObject>, name: &str, size: i64) -> DynamicObject {
+    let body = serde_json::from_value(kactor::emulator::samples::widget(name, size)).unwrap();
+    widgets.create(&PostParams::default(), &body).await.unwrap()
+}
+
+/// The ConfigMap a widget owns, as a reconcile handler makes it: named after it, owned by it.
+fn config_map_of(ctx: &Ctx) -> Result<ConfigMap, HandlerError> {
+    let mut config_map: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": ctx.name()},
+        "data": {"size": ctx.spec()["size"].to_string()},
+    }))?;
+    ctx.adopt(&mut config_map)?;
+    Ok(config_map)
+}
+
+/// Polls `check` every 25 ms until it holds, for at most [`WAIT`].
+async fn eventually(what: &str, check: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !check() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owned_object_deleted_by_hand_is_made_again_by_its_owner() {
+    let (cluster, widgets) = cluster_with_widgets().await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(cluster.client(), "default");
+    let related: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen = related.clone();
+    let operator = operator(&cluster).on_reconcile(
+        WIDGETS,
+        Reconcile::id("own").owns("configmaps"),
+        move |ctx: Ctx| {
+            let seen = seen.clone();
+            async move {
+                seen.lock()
+                    .unwrap()
+                    .extend(ctx.triggers().related.iter().map(ToString::to_string));
+                let cache = ctx.cache("configmaps")?;
+                if cache.get(ctx.namespace(), ctx.name()).is_none() {
+                    let made = Api::<ConfigMap>::namespaced(ctx.client(), "default")
+                        .create(&PostParams::default(), &config_map_of(&ctx)?)
+                        .await?;
+                    cache.remember(serde_json::from_value(serde_json::to_value(made)?)?);
+                }
+                Ok(Action::await_change())
+            }
+        },
+    );
+    let running = spawn(operator);
+    create_widget(&widgets, "w1", 1).await;
+    let first = eventually_get(&config_maps, "w1").await;
+    config_maps
+        .delete("w1", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let again = config_maps.get_opt("w1").await.unwrap();
+        if again.as_ref().is_some_and(|c| c.uid() != first.uid()) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the ConfigMap is not made again"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    // The handler was told what changed: its ConfigMap, deleted.
+    eventually("the deletion among the triggers", || {
+        related
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|t| t == "configmaps.v1 default/w1 deleted")
+    })
+    .await;
+    running.stop().await;
+}
+
+async fn eventually_get(config_maps: &Api<ConfigMap>, name: &str) -> ConfigMap {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(found) = config_maps.get_opt(name).await.unwrap() {
+            return found;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no ConfigMap {name}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// The generations each handler saw, in order.
+#[derive(Clone, Default)]
+struct Generations(Arc<Mutex<HashMap<&'static str, Vec<i64>>>>);
+
+impl Generations {
+    fn record(&self, id: &'static str, ctx: &Ctx) {
+        let generation = ctx.meta().generation.unwrap_or_default();
+        self.0
+            .lock()
+            .unwrap()
+            .entry(id)
+            .or_default()
+            .push(generation);
+    }
+
+    fn of(&self, id: &str) -> Vec<i64> {
+        self.0.lock().unwrap().get(id).cloned().unwrap_or_default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_update_does_not_trigger_a_handler_with_the_generation_predicate() {
+    let (cluster, widgets) = cluster_with_widgets().await;
+    let generations = Generations::default();
+    let recorder = |id: &'static str| {
+        let generations = generations.clone();
+        move |ctx: Ctx| {
+            generations.record(id, &ctx);
+            async { Ok(Action::await_change()) }
+        }
+    };
+    // Both decide in the same cycle of the same event: the one without a predicate is the control.
+    let operator = operator(&cluster)
+        .on_reconcile(WIDGETS, "any", recorder("any"))
+        .on_reconcile(
+            WIDGETS,
+            Reconcile::id("spec").predicate(Predicate::generation_changed()),
+            recorder("spec"),
+        );
+    let running = spawn(operator);
+    create_widget(&widgets, "w1", 1).await;
+    eventually("the first runs", || generations.of("spec") == [1]).await;
+    let status = json!({"status": {"seen": true}});
+    widgets
+        .patch_status("w1", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    eventually("the control to see the status update", || {
+        generations.of("any").len() == 2
+    })
+    .await;
+    assert_eq!(generations.of("spec"), [1], "the status update was ignored");
+    let spec = json!({"spec": {"size": 2}});
+    widgets
+        .patch("w1", &PatchParams::default(), &Patch::Merge(&spec))
+        .await
+        .unwrap();
+    eventually("the spec change", || generations.of("spec") == [1, 2]).await;
+    assert_eq!(generations.of("any"), [1, 1, 2]);
+    running.stop().await;
+}
+
+/// Counts the operator's reading requests.
+#[derive(Default)]
+struct Reads(AtomicUsize);
+
+impl Observer for Reads {
+    fn api_request(&self, verb: &'static str, _code: Option<u16>, _duration: Duration) {
+        if verb == "get" || verb == "list" {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handlers_read_the_cache_without_requests_and_never_older_than_their_trigger() {
+    let (cluster, widgets) = cluster_with_widgets().await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(cluster.client(), "default");
+    let reads = Arc::new(Reads::default());
+    // What each run read: the version of the ConfigMap that triggered it, and the cache's.
+    let stale: Arc<Mutex<Vec<String>>> = Arc::default();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (stale_seen, run_count) = (stale.clone(), runs.clone());
+    let operator = operator(&cluster).observer(reads.clone()).on_reconcile(
+        WIDGETS,
+        // Not owned: labelled with the widget's name, and mapped to it.
+        Reconcile::id("watching").watches("configmaps", |cm: &DynamicObject| {
+            cm.labels()
+                .get("widget")
+                .map(|w| vec![(cm.namespace(), w.clone())])
+                .unwrap_or_default()
+        }),
+        move |ctx: Ctx| {
+            let (stale, runs) = (stale_seen.clone(), run_count.clone());
+            async move {
+                let cache = ctx.cache("configmaps")?;
+                let widgets = ctx.cache(WIDGETS)?;
+                let me = widgets.get(ctx.namespace(), ctx.name());
+                if me.is_none() {
+                    stale
+                        .lock()
+                        .unwrap()
+                        .push("the widget is not in its own cache".into());
+                }
+                for related in &ctx.triggers().related {
+                    let cached = cache.get(related.namespace.as_deref(), &related.name);
+                    let counter = cached
+                        .as_ref()
+                        .and_then(|c| c.data["data"]["counter"].as_str().map(String::from));
+                    let expected = related.event != EventType::Deleted;
+                    if expected && counter.is_none() {
+                        stale.lock().unwrap().push(format!("{related}: not cached"));
+                    }
+                }
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok(Action::await_change())
+            }
+        },
+    );
+    let running = spawn(operator);
+    create_widget(&widgets, "w1", 1).await;
+    eventually("the first run", || runs.load(Ordering::SeqCst) >= 1).await;
+    let before = reads.0.load(Ordering::SeqCst);
+    let base = runs.load(Ordering::SeqCst);
+    let labelled: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "settings", "labels": {"widget": "w1"}},
+        "data": {"counter": "0"},
+    }))
+    .unwrap();
+    config_maps
+        .create(&PostParams::default(), &labelled)
+        .await
+        .unwrap();
+    for counter in 1..=10 {
+        let now = runs.load(Ordering::SeqCst);
+        let patch = json!({"data": {"counter": counter.to_string()}});
+        config_maps
+            .patch("settings", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        // Each change runs the handler.
+        eventually("a run after the change", || {
+            runs.load(Ordering::SeqCst) > now
+        })
+        .await;
+    }
+    assert!(runs.load(Ordering::SeqCst) >= base + 11);
+    assert_eq!(
+        reads.0.load(Ordering::SeqCst),
+        before,
+        "runs read the cache, never the API server"
+    );
+    assert!(
+        stale.lock().unwrap().is_empty(),
+        "{:?}",
+        stale.lock().unwrap()
+    );
+    running.stop().await;
+}
+
+/// Who is in a handler of which object now, and what overlapped.
+#[derive(Clone, Default)]
+struct Inside {
+    busy: Arc<Mutex<HashMap<String, &'static str>>>,
+    overlaps: Arc<Mutex<Vec<String>>>,
+    runs: Arc<Mutex<HashMap<&'static str, usize>>>,
+}
+
+impl Inside {
+    async fn run(&self, id: &'static str, ctx: &Ctx) {
+        let uid = ctx.uid().unwrap_or_default().to_string();
+        if let Some(other) = self.busy.lock().unwrap().insert(uid.clone(), id) {
+            self.overlaps
+                .lock()
+                .unwrap()
+                .push(format!("{id} entered {} while {other} ran", ctx.name()));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        self.busy.lock().unwrap().remove(&uid);
+        *self.runs.lock().unwrap().entry(id).or_default() += 1;
+    }
+
+    fn runs(&self, id: &str) -> usize {
+        self.runs
+            .lock()
+            .unwrap()
+            .get(id)
+            .copied()
+            .unwrap_or_default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconcile_handler_never_runs_beside_another_handler_of_its_object() {
+    let (cluster, widgets) = cluster_with_widgets().await;
+    let inside = Inside::default();
+    let (a, b, c) = (inside.clone(), inside.clone(), inside.clone());
+    let operator = operator(&cluster)
+        .on_reconcile(
+            WIDGETS,
+            Reconcile::id("reconcile").owns("configmaps"),
+            move |ctx: Ctx| {
+                let inside = a.clone();
+                async move {
+                    inside.run("reconcile", &ctx).await;
+                    // Asks again soon: requeues meet events and the other handlers.
+                    Ok(Action::requeue(Duration::from_millis(7)))
+                }
+            },
+        )
+        .on_update(WIDGETS, "update", move |ctx: Ctx| {
+            let inside = b.clone();
+            async move {
+                inside.run("update", &ctx).await;
+                Ok(())
+            }
+        })
+        .on_field(WIDGETS, "spec.size", "size", move |ctx: Ctx| {
+            let inside = c.clone();
+            async move {
+                inside.run("size", &ctx).await;
+                Ok(Value::Null)
+            }
+        });
+    let running = spawn(operator);
+    for n in 0..4 {
+        create_widget(&widgets, &format!("w{n}"), 1).await;
+    }
+    // Served: the changes below are updates, not part of the creation.
+    eventually("the creations", || inside.runs("size") == 4).await;
+    for size in 2..12 {
+        for n in 0..4 {
+            let patch = json!({"spec": {"size": size}});
+            widgets
+                .patch(
+                    &format!("w{n}"),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .unwrap();
+        }
+    }
+    eventually("every kind of handler to run for the updates", || {
+        inside.runs("reconcile") > 40 && inside.runs("update") >= 4 && inside.runs("size") >= 8
+    })
+    .await;
+    running.stop().await;
+    assert!(
+        inside.overlaps.lock().unwrap().is_empty(),
+        "{:?}",
+        inside.overlaps.lock().unwrap()
+    );
+}
