@@ -417,6 +417,186 @@ async fn a_restarted_operator_recreates_a_deployment_deleted_while_it_was_down()
 }
 
 /// The example's actor version on the cluster; `check_every` is how often each actor checks drift.
+/// The example's reconcile version (`reconcile.rs`) on the cluster.
+fn memcached_reconcile_operator(cluster: &TestCluster) -> Operator {
+    memcached::reconcile::operator()
+        .expect("the operator's metric registers")
+        .client(cluster.client())
+        .standalone()
+        .settings(|s| {
+            s.watching.reconnect_backoff = Duration::from_millis(10);
+            s.queueing.exit_timeout = Duration::from_millis(500);
+        })
+}
+
+/// The longest an event-driven repair may take here. Not a benchmark: the handlers' version
+/// repairs on its drift timer (every 30 s after 10 s without changes), so anything under this
+/// cap is the child's event reaching its owner's worker, whatever the machine's speed.
+const EVENT_DRIVEN: Duration = Duration::from_secs(5);
+
+/// Makes a pod of `owner` by hand: the test clusters run no ReplicaSet controller.
+async fn make_pod(pods: &Api<Pod>, name: &str, owner: &str) {
+    let pod = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "memcached", "memcached_cr": owner}},
+        "spec": {"containers": [{"name": "memcached", "image": "memcached:1.6-alpine"}]},
+    });
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(pod).unwrap(),
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reconcile_version_puts_back_a_deployment_deleted_or_scaled_by_hand_at_once() {
+    let cluster = cluster().await;
+    let running = spawn(memcached_reconcile_operator(&cluster.cluster));
+    let created = create(&cluster.memcacheds, "cache", 3).await;
+    let deployment = until(&cluster.deployments, "cache", "the Deployment", |d| {
+        d.and_then(replicas) == Some(3)
+    })
+    .await
+    .unwrap();
+    let owner = &deployment.owner_references()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.controller),
+        ("Memcached", Some(true))
+    );
+    assert_eq!(Some(&owner.uid), created.metadata.uid.as_ref());
+    // Nothing of Kopf's bookkeeping on a reconciled object: only kactor's finalizer.
+    let object = cluster.raw.get("cache").await.unwrap();
+    let annotations = object.metadata.annotations.clone().unwrap_or_default();
+    assert!(
+        !annotations.keys().any(|k| k.starts_with(PREFIX)),
+        "{annotations:?}"
+    );
+    assert!(has_finalizer(&object));
+
+    cluster
+        .deployments
+        .delete("cache", &DeleteParams::default())
+        .await
+        .unwrap();
+    let uid = deployment.metadata.uid.clone();
+    until_within(
+        EVENT_DRIVEN,
+        &cluster.deployments,
+        "cache",
+        "the Deployment back",
+        |d| d.is_some_and(|d| d.metadata.uid != uid && replicas(d) == Some(3)),
+    )
+    .await;
+
+    let patch = json!({"spec": {"replicas": 1}});
+    cluster
+        .deployments
+        .patch("cache", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    until_within(
+        EVENT_DRIVEN,
+        &cluster.deployments,
+        "cache",
+        "3 replicas again",
+        |d| d.and_then(replicas) == Some(3),
+    )
+    .await;
+
+    // A spec change scales it; the condition reports it, for this generation.
+    let patch = json!({"spec": {"size": 4}});
+    cluster
+        .memcacheds
+        .patch("cache", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    until(&cluster.deployments, "cache", "4 replicas", |d| {
+        d.and_then(replicas) == Some(4)
+    })
+    .await;
+    let available = |o: Option<&DynamicObject>| {
+        let Some(o) = o else { return false };
+        status(o)["conditions"]
+            .as_array()
+            .is_some_and(|conditions| {
+                conditions.iter().any(|c| {
+                    c["type"] == "Available"
+                        && c["status"] == "True"
+                        && c["observedGeneration"] == json!(o.metadata.generation)
+                        && c["message"]
+                            .as_str()
+                            .is_some_and(|m| m.contains("4 replicas"))
+                })
+            })
+    };
+    support::until(
+        &cluster.raw,
+        "cache",
+        "Available for generation 2",
+        available,
+    )
+    .await;
+
+    // Deleted: the cleanup runs, then kactor lets the finalizer go.
+    cluster
+        .memcacheds
+        .delete("cache", &DeleteParams::default())
+        .await
+        .unwrap();
+    until(&cluster.memcacheds, "cache", "the Memcached to go", |m| {
+        m.is_none()
+    })
+    .await;
+    until(&cluster.deployments, "cache", "the Deployment to go", |d| {
+        d.is_none()
+    })
+    .await;
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reconcile_version_keeps_status_nodes_with_the_pods() {
+    let cluster = cluster().await;
+    let pods: Api<Pod> = Api::namespaced(cluster.cluster.client(), "default");
+    make_pod(&pods, "cache-b", "cache").await;
+    make_pod(&pods, "other-a", "other").await;
+    let running = spawn(memcached_reconcile_operator(&cluster.cluster));
+    create(&cluster.memcacheds, "cache", 2).await;
+    let nodes = |m: Option<&Memcached>| {
+        m.and_then(|m| m.status.as_ref())
+            .map(|s| s.nodes.clone())
+            .unwrap_or_default()
+    };
+    until(&cluster.memcacheds, "cache", "status.nodes", |m| {
+        nodes(m) == ["cache-b"]
+    })
+    .await;
+    // A pod comes, one goes: the pods are watched, and mapped to their Memcached by label.
+    make_pod(&pods, "cache-a", "cache").await;
+    until_within(
+        EVENT_DRIVEN,
+        &cluster.memcacheds,
+        "cache",
+        "the new pod",
+        |m| nodes(m) == ["cache-a", "cache-b"],
+    )
+    .await;
+    pods.delete("cache-b", &DeleteParams::default())
+        .await
+        .unwrap();
+    until_within(
+        EVENT_DRIVEN,
+        &cluster.memcacheds,
+        "cache",
+        "without the deleted pod",
+        |m| nodes(m) == ["cache-a"],
+    )
+    .await;
+    running.stop().await;
+}
+
 fn memcached_actor_operator(cluster: &TestCluster, check_every: Duration) -> Operator {
     memcached::actor::operator(check_every)
         .expect("the operator's metric registers")

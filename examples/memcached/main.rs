@@ -4,11 +4,14 @@
 //! cargo run --example memcached                      # no cluster configured: a demo on the embedded emulator
 //! cargo run --example memcached -- --emulator        # the same, even with a cluster configured
 //! cargo run --example memcached -- --actor           # the same operator written as an actor per Memcached
+//! cargo run --example memcached -- --reconcile       # the same, as the Operator SDK quickstart: one reconcile handler
 //! cargo run --example memcached -- crds | kubectl apply -f -
 //! cargo run --example memcached -- run -A --liveness http://0.0.0.0:8080/healthz   # against the cluster
 //! ```
 //!
-//! The operator itself is in `operator.rs`; this file is its command line: kactor's `run` options
+//! The operator itself is in `operator.rs` (handlers), `actor.rs` (an actor per Memcached) and
+//! `reconcile.rs` (one reconcile handler, the quickstart's controller); this file is its command
+//! line: kactor's `run` options
 //! (`-n`, `-A`, `--liveness`, `-v`, ... see `--help`) plus `--emulator`, and the demo.
 
 #[path = "../common/mod.rs"]
@@ -70,16 +73,30 @@ struct Run {
         value_parser = BoolishValueParser::new(),
     )]
     actor: bool,
+    /// Run the operator written as the Operator SDK quickstart writes it (`reconcile.rs`): one
+    /// reconcile handler, which owns the Deployments and watches the pods.
+    #[arg(
+        long,
+        env = "MEMCACHED_RECONCILE",
+        action = ArgAction::SetTrue,
+        value_parser = BoolishValueParser::new(),
+        conflicts_with = "actor",
+    )]
+    reconcile: bool,
     #[command(flatten)]
     args: RunArgs,
 }
 
-/// The operator, written as handlers or as an actor.
-fn build(actor: bool) -> kactor::Result<kactor::Operator> {
-    if actor {
-        operator::actor::operator(std::time::Duration::from_secs(30))
-    } else {
-        operator::operator(operator::drift_check())
+impl Run {
+    /// The operator, written as handlers, as an actor, or as a reconcile handler.
+    fn build(&self) -> kactor::Result<kactor::Operator> {
+        if self.actor {
+            operator::actor::operator(std::time::Duration::from_secs(30))
+        } else if self.reconcile {
+            operator::reconcile::operator()
+        } else {
+            operator::operator(operator::drift_check())
+        }
     }
 }
 
@@ -121,9 +138,9 @@ async fn main() -> ExitCode {
         } else {
             "no cluster configured: no KUBECONFIG, no ~/.kube/config, not in a pod"
         };
-        on_emulator(run.args, run.actor, why).await
+        on_emulator(run, why).await
     } else {
-        on_cluster(run.args, run.actor).await
+        on_cluster(run).await
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -137,21 +154,24 @@ async fn main() -> ExitCode {
 
 /// Runs the operator against the configured cluster, as any operator: the CRD must be installed
 /// (`memcached crds | kubectl apply -f -`).
-async fn on_cluster(args: RunArgs, actor: bool) -> anyhow::Result<()> {
+async fn on_cluster(run: Run) -> anyhow::Result<()> {
+    let args = &run.args;
     if let Some(warning) = args.scope_warning() {
         tracing::warn!("{warning}");
     }
-    build(actor)?.with_args(&args).run().await?;
+    run.build()?.with_args(args).run().await?;
     Ok(())
 }
 
 /// Runs the operator on kactor's embedded API server (`Operator::on_emulator`, what `--emulator`
 /// does for any operator), plays the demo beside it, and serves until Ctrl-C.
-async fn on_emulator(mut args: RunArgs, actor: bool, why: &str) -> anyhow::Result<()> {
+async fn on_emulator(run: Run, why: &str) -> anyhow::Result<()> {
+    let operator = run.build()?;
+    let (mut args, actor) = (run.args, run.actor);
     if args.liveness.is_none() {
         args.liveness = Some(format!("http://127.0.0.1:{}/healthz", health_port()?));
     }
-    let (operator, emulated) = build(actor)?
+    let (operator, emulated) = operator
         .with_args(&args)
         .on_emulator(args.emulator_state.as_deref())
         .await?;
@@ -212,11 +232,11 @@ async fn play(
         .context("cannot create the Memcached")?;
     until_replicas(&deployments, Some(3)).await?;
     println!(
-        "   Its create handler made the Deployment {object}: 3 replicas of {}, owned by the Memcached.",
+        "   The operator made the Deployment {object}: 3 replicas of {}, owned by the Memcached.",
         operator::IMAGE
     );
     println!(
-        "   kactor's finalizer on the Memcached makes its deletion wait for the delete handler."
+        "   kactor's finalizer on the Memcached makes its deletion wait for the operator's cleanup."
     );
 
     println!("2. Scaling: spec.size 3 -> 5.");
@@ -226,7 +246,7 @@ async fn play(
         .await
         .context("cannot change spec.size")?;
     until_replicas(&deployments, Some(5)).await?;
-    println!("   Its spec.size handler scaled the Deployment {object} to 5 replicas.");
+    println!("   The operator scaled the Deployment {object} to 5 replicas.");
     if let Some(actors) = actors {
         let report = actors
             .ask((NAMESPACE, DEMO_NAME), Request::Report)
@@ -244,7 +264,7 @@ async fn play(
         .await
         .context("cannot delete the Memcached")?;
     until_replicas(&deployments, None).await?;
-    println!("   Its delete handler deleted the Deployment {object}: the Deployment is gone.");
+    println!("   The operator deleted the Deployment {object}: the Deployment is gone.");
     let memcacheds = &memcacheds;
     common::until("the Memcached to go", move || async move {
         Ok(memcacheds.get_opt(DEMO_NAME).await?.is_none())

@@ -34,6 +34,10 @@ use serde_json::Value;
 #[path = "actor.rs"]
 pub mod actor;
 
+/// The same operator written as the Operator SDK quickstart writes it: one reconcile handler.
+#[path = "reconcile.rs"]
+pub mod reconcile;
+
 /// The image of the memcached containers, as in the quickstart.
 pub const IMAGE: &str = "memcached:1.6-alpine";
 
