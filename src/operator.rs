@@ -315,6 +315,66 @@ impl Operator {
         self
     }
 
+    /// Registers a handler of an owned kind's changes, Kopf-style: it runs in the worker of the
+    /// object of `parent` that owns the changed object of `child` (its controller owner reference),
+    /// serialised with that object's other handlers, and is told what changed in
+    /// `ctx.triggers().related`; `ctx.cache(child)` has the children. Errors are retried with the
+    /// reconcile backoff (5 ms doubling to 1000 s), the retry told the same changes.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// let operator = Operator::new().on_owned(
+    ///     ("example.com", "v1", "widgets"),
+    ///     "configmaps",
+    ///     "config_changed",
+    ///     |ctx: Ctx| async move {
+    ///         for change in &ctx.triggers().related {
+    ///             ctx.logger().info(format!("{change}")); // "configmaps.v1 default/w1 modified"
+    ///         }
+    ///         Ok(())
+    ///     },
+    /// );
+    /// ```
+    pub fn on_owned<P, C, F, Fut>(self, parent: P, child: C, id: &str, handler: F) -> Self
+    where
+        P: Into<Selector>,
+        C: Into<Selector>,
+        F: Fn(Ctx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<(), HandlerError>> + Send + 'static,
+    {
+        let handler = Arc::new(handler);
+        self.on_reconcile(
+            parent,
+            Reconcile::id(id).owns(child).related_only(),
+            move |ctx: Ctx| {
+                let run = handler(ctx);
+                async move { run.await.map(|()| Action::await_change()) }
+            },
+        )
+    }
+
+    /// Changes the objects of `resource` before the shared cache keeps them, when `resource` is a
+    /// kind that reconcile handlers own, watch or read (kube-rs's `modify`, controller-runtime's
+    /// `TransformFunc`): to keep only what handlers read, and so bound the cache's memory.
+    /// `metadata.managedFields` is always dropped first.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// let operator = Operator::new().cache_transform("pods", |pod| {
+    ///     pod.data["spec"] = json!({}); // only labels and status are read
+    /// });
+    /// ```
+    pub fn cache_transform<S: Into<Selector>>(
+        mut self,
+        resource: S,
+        transform: impl Fn(&mut DynamicObject) + Send + Sync + 'static,
+    ) -> Self {
+        self.registry
+            .cache_transforms
+            .push((resource.into(), Arc::new(transform)));
+        self
+    }
+
     /// Registers a creation handler: it runs for objects that have never been handled (no diff-base
     /// stored), retried until it succeeds or fails for good; what it returns lands in `status.<id>`.
     ///

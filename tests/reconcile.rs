@@ -373,3 +373,82 @@ async fn a_reconcile_handler_never_runs_beside_another_handler_of_its_object() {
         inside.overlaps.lock().unwrap()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kopf_style_handler_of_owned_objects_hears_of_each_change_in_its_owner_worker() {
+    let (cluster, widgets) = cluster_with_widgets().await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(cluster.client(), "default");
+    let heard: Arc<Mutex<Vec<String>>> = Arc::default();
+    let ears = heard.clone();
+    let served = Arc::new(AtomicUsize::new(0));
+    let serving = served.clone();
+    let operator = operator(&cluster)
+        // Its run says the operator serves (the related streams list before the supervisors).
+        .on_create(WIDGETS, "created", move |_: Ctx| {
+            serving.fetch_add(1, Ordering::SeqCst);
+            async { Ok(()) }
+        })
+        .cache_transform("configmaps", |cm| {
+            if let Some(data) = cm.data["data"].as_object_mut() {
+                data.remove("secret");
+            }
+        })
+        .on_owned(WIDGETS, "configmaps", "children", move |ctx: Ctx| {
+            let heard = ears.clone();
+            async move {
+                let cache = ctx.cache("configmaps")?;
+                for change in &ctx.triggers().related {
+                    let kept = cache.get(change.namespace.as_deref(), &change.name);
+                    // Kept as the transform left it, without managedFields.
+                    let shape = kept.map(|cm| {
+                        (
+                            cm.metadata.managed_fields.is_some(),
+                            cm.data["data"].get("secret").is_some(),
+                        )
+                    });
+                    heard
+                        .lock()
+                        .unwrap()
+                        .push(format!("{} {change} {shape:?}", ctx.name()));
+                }
+                Ok(())
+            }
+        });
+    let running = spawn(operator);
+    let widget = create_widget(&widgets, "w1", 1).await;
+    let owner = json!([{
+        "apiVersion": "example.com/v1", "kind": "Widget", "name": "w1",
+        "uid": widget.uid().unwrap(), "controller": true,
+    }]);
+    let child: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "child", "ownerReferences": owner},
+        "data": {"secret": "s3cret", "size": "1"},
+    }))
+    .unwrap();
+    // Only once the operator serves: the creation is an event it hears, not part of its listing.
+    eventually("the operator to serve", || {
+        served.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    config_maps
+        .create(&PostParams::default(), &child)
+        .await
+        .unwrap();
+    // Heard before the next change (changes that come together are told once, as the newest).
+    eventually("the creation heard", || heard.lock().unwrap().len() == 1).await;
+    let patch = json!({"data": {"size": "2"}});
+    config_maps
+        .patch("child", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    eventually("both changes heard", || heard.lock().unwrap().len() >= 2).await;
+    let heard = heard.lock().unwrap().clone();
+    assert_eq!(
+        heard[..2],
+        [
+            "w1 configmaps.v1 default/child added Some((false, false))",
+            "w1 configmaps.v1 default/child modified Some((false, false))",
+        ]
+    );
+    running.stop().await;
+}

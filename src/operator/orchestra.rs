@@ -471,12 +471,18 @@ impl Orchestra {
             let watch = RelatedWatch::new(RelatedConfig {
                 store: self.caches.store(&resource, &observer),
                 routes: self.routes_to(&resource),
-                resource,
+                resource: resource.clone(),
                 namespace: key.1.clone(),
                 client: self.client.clone(),
                 settings: self.settings.clone(),
                 observer,
                 directory: self.directory.clone(),
+                transform: self
+                    .registry
+                    .cache_transforms
+                    .iter()
+                    .find(|(selector, _)| selector.matches(&resource))
+                    .map(|(_, transform)| transform.clone()),
             });
             let status = watch.status();
             let entry = self.watches.register(watch.label(), status.clone());

@@ -16,12 +16,14 @@
 //! * Nothing is routed to a paused supervisor's workers (the supervisor drops it; the listing after
 //!   the resume brings every object back).
 //! * The stream's health is on the watch board (`/healthz`, `/readyz`), as the supervisors' are.
+//! * What is kept is bounded: `metadata.managedFields` is dropped, and the user's transform runs
+//!   (`Operator::cache_transform`) before the store keeps an object.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use actix::Addr;
-use kactor_reactor::cache::Store;
+use kactor_reactor::cache::{Store, Transform};
 use kactor_reactor::observe::Observer;
 use kactor_reactor::reconcile::{MapFn, OwnerRefs};
 use kactor_reactor::resources::Resource;
@@ -72,6 +74,8 @@ pub struct RelatedConfig {
     pub routes: Vec<Route>,
     /// The running supervisors.
     pub directory: Directory,
+    /// How objects are changed before the cache keeps them (after `managedFields` is dropped).
+    pub transform: Option<Transform>,
 }
 
 /// A related stream: its watcher, ready to run.
@@ -136,7 +140,7 @@ impl RelatedWatch {
             for item in items {
                 match item {
                     WatchItem::Listed(object) => {
-                        let object = Arc::new(object);
+                        let object = self.kept(object);
                         if self.config.store.apply(EventType::Listed, &object) && listed_once {
                             self.route(&object, EventType::Modified);
                         }
@@ -153,7 +157,7 @@ impl RelatedWatch {
                         self.config.store.listing_started(namespace.as_deref());
                     }
                     WatchItem::Event(event_type, object) => {
-                        let object = Arc::new(object);
+                        let object = self.kept(object);
                         self.config.store.apply(event_type, &object);
                         self.route(&object, event_type);
                     }
@@ -162,13 +166,22 @@ impl RelatedWatch {
         }
     }
 
+    /// The object as the cache keeps it.
+    fn kept(&self, mut object: DynamicObject) -> Arc<DynamicObject> {
+        object.metadata.managed_fields = None;
+        if let Some(transform) = &self.config.transform {
+            transform(&mut object);
+        }
+        Arc::new(object)
+    }
+
     /// Tells the change to the workers of the objects it concerns.
     fn route(&self, object: &DynamicObject, event: EventType) {
         let Some(name) = object.metadata.name.clone() else {
             return;
         };
         let related = Related {
-            resource: self.config.resource.to_string(),
+            resource: self.config.resource.clone(),
             namespace: object.metadata.namespace.clone(),
             name,
             event,

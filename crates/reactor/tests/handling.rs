@@ -22,7 +22,7 @@ mod emulator_only {
         Clock, Cycle, DaemonsView, Event, Next, ObjectMemory, ProcessingError, Processor, Written,
     };
     use kactor_reactor::reconcile::{reconcile_fn, Action, Predicate, Reconcile, ReconcileHandler};
-    use kactor_reactor::resources::Selector;
+    use kactor_reactor::resources::{Resource, Selector};
     use kactor_reactor::settings::Settings;
     use kactor_reactor::triggers::{Related, Trigger, Triggers};
     use kactor_reactor::watching::EventType;
@@ -947,7 +947,9 @@ mod emulator_only {
     #[tokio::test(start_paused = true)]
     async fn the_generation_predicate_ignores_status_updates_but_not_related_changes() {
         let script = Script::new(&[Step::Ok(None)]);
-        let options = Reconcile::id("r").predicate(Predicate::generation_changed());
+        let options = Reconcile::id("r")
+            .predicate(Predicate::generation_changed())
+            .owns("deployments.v1.apps");
         let mut h = reconciling(script.handler(options)).await;
         h.create_widget(1).await;
         h.cycle(EventType::Added).await;
@@ -965,15 +967,40 @@ mod emulator_only {
         h.resize(5).await;
         h.cycle(EventType::Modified).await;
         let mut triggers = Triggers::default();
-        triggers.add(Trigger::Related(Related {
-            resource: "deployments.v1.apps".into(),
-            namespace: Some("default".into()),
-            name: "w1".into(),
-            event: EventType::Deleted,
-            owned: true,
+        let deployments = Resource {
+            group: "apps".into(),
+            version: "v1".into(),
+            plural: "deployments".into(),
+            kind: "Deployment".into(),
+            singular: "deployment".into(),
+            short_names: vec![],
+            categories: vec![],
+            namespaced: true,
+            preferred: true,
+            verbs: vec![],
+            subresources: vec![],
+        };
+        let related = |resource: Resource| {
+            Trigger::Related(Related {
+                resource: Arc::new(resource),
+                namespace: Some("default".into()),
+                name: "w1".into(),
+                event: EventType::Deleted,
+                owned: true,
+            })
+        };
+        // Of a kind the handler does not own: not its trigger.
+        triggers.add(related(Resource {
+            plural: "statefulsets".into(),
+            kind: "StatefulSet".into(),
+            ..deployments.clone()
         }));
         h.triggered(triggers).await;
-        assert_eq!(script.runs(), ["0 0 false false", "0 1 false false"]);
+        assert_eq!(script.runs(), ["0 0 false false"], "the spec change only");
+        let mut triggers = Triggers::default();
+        triggers.add(related(deployments));
+        h.triggered(triggers).await;
+        assert_eq!(script.runs(), ["0 1 false false"]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -1008,6 +1035,38 @@ mod emulator_only {
                 "0 0 false true",
                 "1 0 true true"
             ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_is_given_the_changes_that_triggered_the_failed_run() {
+        use Step::{Fail, Ok as Done};
+        let script = Script::new(&[Done(None), Fail, Done(None)]);
+        let mut h = reconciling(script.handler(Reconcile::id("r").owns("configmaps"))).await;
+        h.create_widget(1).await;
+        h.cycle(EventType::Added).await;
+        let resources = kactor_reactor::discovery::scan(&h.emulator.in_process_client())
+            .await
+            .unwrap();
+        let config_maps = Selector::parse("configmaps")
+            .resolve(&resources)
+            .unwrap()
+            .clone();
+        let mut triggers = Triggers::default();
+        triggers.add(Trigger::Related(Related {
+            resource: Arc::new(config_maps),
+            namespace: Some("default".into()),
+            name: "w1".into(),
+            event: EventType::Modified,
+            owned: true,
+        }));
+        assert_eq!(h.triggered(triggers).await.wake, Some(MS(5)));
+        tokio::time::advance(MS(5)).await;
+        assert_eq!(h.requeued().await.wake, None);
+        // The retry saw the ConfigMap's change again, and the requeue that brought it.
+        assert_eq!(
+            script.runs(),
+            ["0 0 false false", "0 1 false false", "1 1 true false"]
         );
     }
 }

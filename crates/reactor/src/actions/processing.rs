@@ -187,6 +187,8 @@ pub struct ReconcileState {
     pub due: Option<Instant>,
     /// A run during the deletion succeeded: it lets the finalizer go.
     pub cleaned: bool,
+    /// What triggered a run that failed: given again to its retry.
+    pub retry: Option<Triggers>,
 }
 
 /// One cycle's input.
@@ -708,7 +710,6 @@ impl Processor {
         memory
             .reconcile
             .resize_with(handlers.len(), ReconcileState::default);
-        let related = !triggers.related.is_empty() || triggers.overflowed;
         for (handler, state) in handlers.iter().zip(memory.reconcile.iter_mut()) {
             let now = Instant::now();
             let due = state.due.is_some_and(|due| due <= now);
@@ -716,15 +717,26 @@ impl Processor {
             if cleaning && state.cleaned {
                 continue;
             }
-            if !(due || related || changed(handler, state.last.as_deref(), &base.body)) {
+            let mine = triggers_for(handler, triggers, state.retry.take());
+            let related = !mine.related.is_empty() || mine.overflowed;
+            let changed = !handler.options.related_only
+                && changed(handler, state.last.as_deref(), &base.body);
+            if !(due || related || changed) {
                 if let Some(due) = state.due {
                     let left = due.saturating_duration_since(now);
                     reconciled.wake = Some(reconciled.wake.map_or(left, |w| w.min(left)));
                 }
+                // Not run: what triggered it before waits for its retry still.
+                state.retry = (!mine.is_empty() && state.failures > 0).then_some(mine);
                 reconciled.holds_finalizer |= cleaning;
                 continue;
             }
-            self.reconcile_once(handler, base, triggers, state).await;
+            let mine = Arc::new(mine);
+            self.reconcile_once(handler, base, &mine, state).await;
+            if state.failures > 0 {
+                // Its retry is told what this run was: the changes are not lost to an error.
+                state.retry = Some(Arc::unwrap_or_clone(mine));
+            }
             if let Some(due) = state.due {
                 let left = due.saturating_duration_since(Instant::now());
                 reconciled.wake = Some(reconciled.wake.map_or(left, |w| w.min(left)));
@@ -1232,6 +1244,27 @@ fn seen_by_field_handlers(
 }
 
 /// A hash of a JSON value (of its serialisation; keys are ordered).
+/// The triggers of this cycle that concern the handler (related kinds it owns or watches; a
+/// requeue), after those of its failed run if it is retried.
+fn triggers_for(
+    handler: &ReconcileHandler,
+    triggers: &Triggers,
+    retry: Option<Triggers>,
+) -> Triggers {
+    let mut mine = retry.unwrap_or_default();
+    mine.absorb(Triggers {
+        related: triggers
+            .related
+            .iter()
+            .filter(|r| handler.options.relates_to(&r.resource))
+            .cloned()
+            .collect(),
+        overflowed: triggers.overflowed,
+        requeued: triggers.requeued,
+    });
+    mine
+}
+
 /// Whether the object changed for the handler since its last run: always on the first sight and
 /// at the start of the deletion; otherwise as its predicate says (any new version by default).
 fn changed(handler: &ReconcileHandler, last: Option<&DynamicObject>, body: &DynamicObject) -> bool {

@@ -36,6 +36,11 @@ use crate::clients::observe::Observer;
 use crate::structs::names::EventType;
 use crate::structs::resources::{Resource, Selector};
 
+/// Changes an object before a related kind's cache keeps it: to drop what handlers never read
+/// (kube-rs's `modify`, controller-runtime's `TransformFunc`). `metadata.managedFields` is always
+/// dropped first (often half of an object's size; handlers never need it).
+pub type Transform = Arc<dyn Fn(&mut DynamicObject) + Send + Sync>;
+
 /// An object's place in a store: its namespace (None for cluster-scoped objects) and name.
 pub type CacheKey = (Option<String>, String);
 

@@ -355,6 +355,8 @@ pub struct Registry {
     pub spawning_handlers: Vec<SpawningHandler>,
     /// Reconcile handlers, in registration order.
     pub reconcile_handlers: Vec<ReconcileHandler>,
+    /// How related kinds' caches change objects before keeping them, by kind.
+    pub cache_transforms: Vec<(Selector, crate::clients::cache::Transform)>,
     /// `on_startup` activities, run in order before anything is watched.
     pub startup: Vec<Activity>,
     /// `on_cleanup` activities, run in order after everything stopped.

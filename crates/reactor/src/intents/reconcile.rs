@@ -36,7 +36,7 @@ use kube::api::DynamicObject;
 use serde_json::{json, Value};
 
 use crate::intents::context::{Ctx, HandlerError, HandlerFn};
-use crate::structs::resources::Selector;
+use crate::structs::resources::{Resource, Selector};
 
 /// What a reconcile handler asks for next (kube-rs's `Action`; controller-runtime's `Result`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -248,6 +248,9 @@ pub struct Reconcile {
     pub watches: Vec<Watches>,
     /// Other kinds it reads from the cache (`ctx.cache`), with no trigger.
     pub cached: Vec<Selector>,
+    /// It runs only for related objects' changes (and its retries), never for the object's own
+    /// (`Operator::on_owned`, Kopf-style).
+    pub related_only: bool,
     /// The object keeps the operator's finalizer until a run during its deletion succeeds.
     pub finalizer: bool,
     /// A run still going after this long is cancelled and counts as an error.
@@ -265,6 +268,7 @@ impl Reconcile {
             owns: Vec::new(),
             watches: Vec::new(),
             cached: Vec::new(),
+            related_only: false,
             finalizer: false,
             timeout: None,
             param: None,
@@ -329,6 +333,19 @@ impl Reconcile {
     pub fn param(mut self, param: Value) -> Self {
         self.param = Some(Arc::new(param));
         self
+    }
+
+    /// It runs only when a related object changes (and for its retries), never for the object's
+    /// own changes or a requeue.
+    pub fn related_only(mut self) -> Self {
+        self.related_only = true;
+        self
+    }
+
+    /// Whether changes of `resource` trigger it (it owns or watches it).
+    pub fn relates_to(&self, resource: &Resource) -> bool {
+        self.owns.iter().any(|o| o.selector.matches(resource))
+            || self.watches.iter().any(|w| w.selector.matches(resource))
     }
 
     /// Every kind it caches: owned, watched, and read.

@@ -3,8 +3,10 @@
 //! two cycles, coalesced, and given to the handler (`ctx.triggers()`).
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::structs::names::EventType;
+use crate::structs::resources::Resource;
 
 /// At most this many related changes are kept between two runs (the newest per object); beyond,
 /// [`Triggers::overflowed`] says some were left out (the handler is level-based: it looks at the
@@ -14,8 +16,8 @@ pub const RELATED_KEPT: usize = 64;
 /// A change of an object related to the reconciled one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Related {
-    /// The related object's resource, in kubectl's form (`deployments.v1.apps`).
-    pub resource: String,
+    /// The related object's resource (shown in kubectl's form, `deployments.v1.apps`).
+    pub resource: Arc<Resource>,
     /// Its namespace (None for cluster-scoped objects).
     pub namespace: Option<String>,
     /// Its name.
@@ -73,7 +75,7 @@ impl Triggers {
             Trigger::Requeue => self.requeued = true,
             Trigger::Related(related) => {
                 self.related.retain(|r| {
-                    !(r.resource == related.resource
+                    !(*r.resource == *related.resource
                         && r.namespace == related.namespace
                         && r.name == related.name)
                 });
@@ -105,9 +107,25 @@ impl Triggers {
 mod tests {
     use super::*;
 
+    fn deployments() -> Arc<Resource> {
+        Arc::new(Resource {
+            group: "apps".into(),
+            version: "v1".into(),
+            plural: "deployments".into(),
+            kind: "Deployment".into(),
+            singular: "deployment".into(),
+            short_names: vec![],
+            categories: vec![],
+            namespaced: true,
+            preferred: true,
+            verbs: vec![],
+            subresources: vec![],
+        })
+    }
+
     fn related(name: &str, event: EventType) -> Trigger {
         Trigger::Related(Related {
-            resource: "deployments.v1.apps".into(),
+            resource: deployments(),
             namespace: Some("ns".into()),
             name: name.into(),
             event,
