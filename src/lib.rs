@@ -193,6 +193,8 @@ pub mod docs {
     pub struct Handlers;
     #[doc = include_str!("../docs/actors.md")]
     pub struct Actors;
+    #[doc = include_str!("../docs/reconcile.md")]
+    pub struct Reconcile;
     #[doc = include_str!("../docs/daemons-and-timers.md")]
     pub struct DaemonsAndTimers;
     #[doc = include_str!("../docs/peering-and-leader-election.md")]
