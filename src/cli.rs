@@ -7,7 +7,8 @@
 //!
 //! The other commands print what the operator needs in a cluster ([`Manifests`]):
 //! `rbac generate [-o FILE]` its ServiceAccount, Roles and bindings, `rbac verify [-f FILE]` which of
-//! those permissions some manifests grant, and `crds` its CRDs. The rbac commands take the options of
+//! those permissions some manifests grant, `crds` its CRDs, `manifests` all of it with a Deployment,
+//! and `olm bundle` an Operator Lifecycle Manager bundle of it. The rbac commands take the options of
 //! `run`, since the permissions depend on them, and `--service-account NAME` and
 //! `--service-account-namespace NS`.
 //!
@@ -361,7 +362,7 @@ impl RunArgs {
 }
 
 /// The command line of an operator: `run` (the default) and its [`RunArgs`], `rbac generate`,
-/// `rbac verify` and `crds` ([`Manifests`]), `--help` and `--version`.
+/// `rbac verify`, `crds`, `manifests` and `olm bundle` ([`Manifests`]), `--help` and `--version`.
 ///
 /// `run` is implied: `my-operator -n ns1` is `my-operator run -n ns1`. Options given before a command
 /// are a usage error (`my-operator -v run`), so that there is one place for them.
@@ -387,13 +388,15 @@ pub struct OperatorCli {
 pub enum Command {
     /// Run the operator (the default command).
     Run(RunArgs),
-    /// `rbac generate`, `rbac verify`, `crds`, `manifests`: the manifests that deploy the operator.
+    /// `rbac generate`, `rbac verify`, `crds`, `manifests`, `olm bundle`: the manifests that deploy
+    /// the operator.
     #[command(flatten)]
     Manifests(Manifests),
 }
 
-/// The commands about what an operator needs in a cluster: its RBAC and its CRDs. They print or check
-/// manifests and exit; [`Manifests::execute`] carries them out.
+/// The commands about what an operator needs in a cluster: its RBAC, its CRDs, everything for one
+/// apply, an OLM bundle. They print, check or write manifests and exit; [`Manifests::execute`]
+/// carries them out.
 // Parsed once per process: boxing `Rbac` would save nothing worth the clumsier matching.
 #[allow(clippy::large_enum_variant)]
 #[derive(clap::Subcommand, Debug, Clone, PartialEq)]
@@ -414,6 +417,101 @@ pub enum Manifests {
     /// (--create-peering), since one apply cannot create an object of a CRD it creates.
     #[command(name = "manifests")]
     All(DeployArgs),
+    /// Operator Lifecycle Manager: write this operator as an OLM bundle.
+    #[command(subcommand)]
+    Olm(OlmCommand),
+}
+
+/// `olm bundle`.
+#[derive(clap::Subcommand, Debug, Clone, PartialEq)]
+pub enum OlmCommand {
+    /// Write an Operator Lifecycle Manager bundle (registry+v1, as `operator-sdk generate bundle`):
+    /// a ClusterServiceVersion and the CRDs in DIR/manifests, DIR/metadata/annotations.yaml, and
+    /// DIR/bundle.Dockerfile.
+    ///
+    /// The CSV deploys the operator as `manifests` would (the same Deployment, with these options as
+    /// its arguments), with the RBAC `rbac generate` derives as its permissions (namespaced rules)
+    /// and clusterPermissions (cluster-wide rules), and owns the CRDs declared with Operator::crd.
+    /// Its install modes follow the scope: with -A (or no -n), AllNamespaces; with -n, OwnNamespace,
+    /// SingleNamespace and MultiNamespace, and the operator serves the namespaces of its
+    /// OperatorGroup (OLM's olm.targetNamespaces annotation), not those given to -n.
+    /// Build the bundle image with `docker build -f DIR/bundle.Dockerfile DIR`.
+    // Boxed: its many options would make every `Manifests` (and the programs' own enums holding
+    // one) as large.
+    Bundle(Box<BundleArgs>),
+}
+
+/// The options of `olm bundle`.
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct BundleArgs {
+    /// The operator's container image (e.g. `registry.example.com/my-operator:1.0`).
+    #[arg(long, value_name = "IMAGE", env = "KACTOR_IMAGE")]
+    pub image: String,
+    /// The bundle's version, a semantic version (`1.2.3`): the CSV is `PACKAGE.vVERSION`.
+    #[arg(long, value_name = "VERSION")]
+    pub version: String,
+    /// The OLM package (default: the operator's name, --name).
+    #[arg(long, value_name = "NAME")]
+    pub package: Option<String>,
+    /// The channels the bundle is in, comma-separated.
+    #[arg(
+        long,
+        value_name = "CHANNELS",
+        value_delimiter = ',',
+        default_value = "alpha"
+    )]
+    pub channels: Vec<String>,
+    /// The package's default channel (default: the first of --channels).
+    #[arg(long, value_name = "CHANNEL")]
+    pub default_channel: Option<String>,
+    /// The CSV's display name (default: the package's name in words, `My Operator`).
+    #[arg(long, value_name = "TEXT")]
+    pub display_name: Option<String>,
+    /// The CSV's description (default: one line naming the operator).
+    #[arg(long, value_name = "TEXT")]
+    pub description: Option<String>,
+    /// The oldest Kubernetes the operator runs on, a semantic version (`1.28.0`): the CSV's
+    /// minKubeVersion.
+    #[arg(long, value_name = "VERSION")]
+    pub min_kube_version: Option<String>,
+    /// The name of the Deployment and its service account (default: the program's name).
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// How many replicas: more than one needs --peering or --leader-election (the others wait as
+    /// standbys).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub replicas: u32,
+    /// The directory to write the bundle into (created if missing; files of the same names are
+    /// replaced).
+    #[arg(long, value_name = "DIR", default_value = "bundle")]
+    pub output_dir: PathBuf,
+    /// The options the operator runs with. `--liveness` defaults to http://0.0.0.0:8080/healthz here.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+impl BundleArgs {
+    /// The name of the Deployment and its service account: `--name`, else the program's name, else
+    /// `kactor-operator`.
+    pub fn name(&self) -> String {
+        self.name
+            .clone()
+            .or_else(program_name)
+            .unwrap_or_else(|| DEFAULT_NAME.to_string())
+    }
+
+    /// The OLM package: `--package`, else the operator's [`name`](Self::name).
+    pub fn package(&self) -> String {
+        self.package.clone().unwrap_or_else(|| self.name())
+    }
+
+    /// The default channel: `--default-channel`, else the first of `--channels`.
+    pub fn default_channel(&self) -> String {
+        self.default_channel
+            .clone()
+            .or_else(|| self.channels.first().cloned())
+            .unwrap_or_default()
+    }
 }
 
 /// The options of `manifests`.
@@ -609,6 +707,7 @@ impl OperatorCli {
                 &mut args.rbac.run
             }
             Some(Command::Manifests(Manifests::All(args))) => &mut args.run,
+            Some(Command::Manifests(Manifests::Olm(OlmCommand::Bundle(args)))) => &mut args.run,
             Some(Command::Manifests(Manifests::Crds)) => return Ok(cli),
         };
         // The checks below are not clap's `conflicts_with`/`overrides_with`, because clap counts values
@@ -634,9 +733,9 @@ impl OperatorCli {
         }
     }
 
-    /// The options of `run`, whether `run` was written or implied; for `rbac generate` and
-    /// `rbac verify`, the options they were given (those the operator runs with); for `crds`, the
-    /// defaults (and `KACTOR_...` variables).
+    /// The options of `run`, whether `run` was written or implied; for `rbac generate`,
+    /// `rbac verify`, `manifests` and `olm bundle`, the options they were given (those the operator
+    /// runs with); for `crds`, the defaults (and `KACTOR_...` variables).
     pub fn run_args(&self) -> &RunArgs {
         match &self.command {
             Some(Command::Run(args)) => args,
@@ -645,6 +744,7 @@ impl OperatorCli {
             }
             Some(Command::Manifests(Manifests::Rbac(RbacCommand::Verify(args)))) => &args.rbac.run,
             Some(Command::Manifests(Manifests::All(args))) => &args.run,
+            Some(Command::Manifests(Manifests::Olm(OlmCommand::Bundle(args)))) => &args.run,
             Some(Command::Manifests(Manifests::Crds)) | None => &self.run,
         }
     }
@@ -656,6 +756,7 @@ impl OperatorCli {
             Some(Command::Manifests(Manifests::Rbac(RbacCommand::Generate(args)))) => args.rbac.run,
             Some(Command::Manifests(Manifests::Rbac(RbacCommand::Verify(args)))) => args.rbac.run,
             Some(Command::Manifests(Manifests::All(args))) => args.run,
+            Some(Command::Manifests(Manifests::Olm(OlmCommand::Bundle(args)))) => args.run,
             Some(Command::Manifests(Manifests::Crds)) | None => self.run,
         }
     }
@@ -1004,6 +1105,102 @@ pub(crate) mod tests {
         );
     }
 
+    #[test]
+    fn olm_bundle_takes_the_bundles_options_and_those_of_run() {
+        let parsed = cli(&[
+            "olm",
+            "bundle",
+            "--image",
+            "op:1",
+            "--version",
+            "1.2.3",
+            "--channels",
+            "alpha,stable",
+            "--default-channel",
+            "stable",
+            "--package",
+            "widgets",
+            "--output-dir",
+            "out",
+            "-n",
+            "team-a",
+            "--leader-election",
+        ])
+        .unwrap();
+        let Command::Manifests(Manifests::Olm(OlmCommand::Bundle(args))) = parsed.command() else {
+            panic!("{parsed:?}")
+        };
+        assert_eq!(
+            (args.image.as_str(), args.version.as_str()),
+            ("op:1", "1.2.3")
+        );
+        assert_eq!(args.channels, ["alpha", "stable"]);
+        assert_eq!(args.default_channel(), "stable");
+        assert_eq!(args.package(), "widgets");
+        assert_eq!(args.output_dir, PathBuf::from("out"));
+        assert_eq!(args.run.scope(), Scope::Namespaces(vec!["team-a".into()]));
+        assert!(args.run.leader_election);
+        assert_eq!(parsed.run_args(), &args.run);
+        // The defaults: the package is the operator's name, one channel `alpha`, the directory `bundle`.
+        let parsed = cli(&[
+            "olm",
+            "bundle",
+            "--image",
+            "x",
+            "--version",
+            "1.0.0",
+            "--name",
+            "my-op",
+        ])
+        .unwrap();
+        let Command::Manifests(Manifests::Olm(OlmCommand::Bundle(args))) = parsed.command() else {
+            panic!("{parsed:?}")
+        };
+        assert_eq!(
+            (args.package(), args.default_channel()),
+            ("my-op".into(), "alpha".into())
+        );
+        assert_eq!(args.channels, ["alpha"]);
+        assert_eq!(args.output_dir, PathBuf::from("bundle"));
+        // The image and the version are required; -n with -A is a usage error here too.
+        for missing in [
+            &["olm", "bundle", "--image", "x"][..],
+            &["olm", "bundle", "--version", "1.0.0"],
+        ] {
+            assert_eq!(cli_error_kind(missing), ErrorKind::MissingRequiredArgument);
+        }
+        assert_eq!(
+            cli_error_kind(&[
+                "olm",
+                "bundle",
+                "--image",
+                "x",
+                "--version",
+                "1.0.0",
+                "-A",
+                "-n",
+                "a"
+            ]),
+            ErrorKind::ArgumentConflict
+        );
+        assert_eq!(
+            cli_error_kind(&["olm"]),
+            ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+        );
+        let help = cli(&["olm", "bundle", "--help"])
+            .unwrap_err()
+            .render()
+            .to_string();
+        for needle in [
+            "--version <VERSION>",
+            "--channels <CHANNELS>",
+            "--output-dir <DIR>",
+            "olm.targetNamespaces",
+        ] {
+            assert!(help.contains(needle), "{needle:?} missing from:\n{help}");
+        }
+    }
+
     fn cli_error_kind(args: &[&str]) -> ErrorKind {
         cli(args).unwrap_err().kind()
     }
@@ -1226,7 +1423,7 @@ pub(crate) mod tests {
     #[test]
     fn help_lists_the_commands_and_the_rbac_options() {
         let help = cli(&["--help"]).unwrap_err().render().to_string();
-        for needle in ["run", "rbac", "crds"] {
+        for needle in ["run", "rbac", "crds", "manifests", "olm"] {
             assert!(help.contains(needle), "{needle:?} missing from:\n{help}");
         }
         let help = generate(&["--help"]).unwrap_err().render().to_string();

@@ -1,6 +1,6 @@
 //! The command line, carried out: [`Operator::run_from_args`] parses it and runs the operator or one
 //! of the manifest commands ([`Manifests::execute`]: `rbac generate`, `rbac verify`, `crds`,
-//! `manifests`). The top
+//! `manifests`, `olm bundle`). The top
 //! of the crate: it knows the command line ([`crate::cli`]), the operator and `rbac`, which know
 //! nothing of it.
 
@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 
 use kactor_peering::lease::LeaseSettings;
 
-use crate::cli::{Command, Manifests, OperatorCli, RbacCommand};
+use crate::cli::{Command, Manifests, OlmCommand, OperatorCli, RbacCommand};
 use crate::error::{Error, Result};
 use crate::operator::Operator;
 
@@ -16,7 +16,8 @@ impl Operator {
     /// Parses the command line and does what it says: `run` (the default subcommand; see
     /// [`crate::cli::RunArgs`] for every option and its `KACTOR_...` environment variable) sets up
     /// logging and runs until SIGINT or SIGTERM; `rbac generate`, `rbac verify`, `crds` and `manifests`
-    /// print what the operator needs in a cluster ([`crate::cli::Manifests`]). A usage error prints clap's
+    /// print what the operator needs in a cluster, and `olm bundle` writes it as an OLM bundle
+    /// ([`crate::cli::Manifests`]). A usage error prints clap's
     /// message and exits with status 2, as command lines do; `rbac verify` returns an error (exit
     /// status 1 from `main`) when a permission is missing.
     ///
@@ -135,7 +136,9 @@ impl Manifests {
     /// * `crds` writes the CRDs declared with [`Operator::crd`] to `output` as YAML documents, or
     ///   says on `messages` that there are none;
     /// * `manifests` writes everything the operator needs in a cluster ([`crate::deploy`]) to `-o FILE`,
-    ///   or to `output`.
+    ///   or to `output`;
+    /// * `olm bundle` writes an OLM bundle ([`crate::olm`]) into `--output-dir`, and says on
+    ///   `messages` what it wrote.
     ///
     /// ```no_run
     /// # async fn example() -> kactor::Result<()> {
@@ -204,6 +207,29 @@ impl Manifests {
             Manifests::All(args) => {
                 let yaml = crate::deploy::manifests(operator, args).await?;
                 write_to(args.output.as_deref(), "manifests", output, messages, &yaml)
+            }
+            Manifests::Olm(OlmCommand::Bundle(args)) => {
+                let bundle = crate::olm::bundle(operator, args).await?;
+                let written = bundle.write(&args.output_dir)?;
+                let csv = bundle.csv();
+                let modes: Vec<&str> = csv["spec"]["installModes"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|mode| mode["supported"] == true)
+                    .filter_map(|mode| mode["type"].as_str())
+                    .collect();
+                let _ = writeln!(
+                    messages,
+                    "wrote the OLM bundle of {} (install modes: {}) to {}:",
+                    csv["metadata"]["name"].as_str().unwrap_or_default(),
+                    modes.join(", "),
+                    args.output_dir.display()
+                );
+                for path in written {
+                    let _ = writeln!(messages, "  {}", path.display());
+                }
+                Ok(())
             }
             Manifests::Crds => {
                 let crds = operator.blueprint().crds;

@@ -11,12 +11,15 @@
 //! object's kind before the CRD is established: "no matches for kind"), so the peering object is not
 //! among them: with `--peering`, the Deployment runs with `--create-peering`, and the operator
 //! creates the object itself when it is missing.
+//!
+//! `olm bundle` ([`crate::olm`]) puts the same Deployment, RBAC and Service in an OLM
+//! ClusterServiceVersion: both work from one plan of the options.
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use serde_json::{json, Value};
 
-use crate::cli::{DeployArgs, RbacArgs};
+use crate::cli::{DeployArgs, RbacArgs, RunArgs};
 use crate::error::{Error, Result};
 use crate::operator::Operator;
 
@@ -39,7 +42,16 @@ pub const DEFAULT_LIVENESS: &str = "http://0.0.0.0:8080/healthz";
 /// # }
 /// ```
 pub async fn manifests(operator: &Operator, args: &DeployArgs) -> Result<String> {
-    let plan = Plan::new(args)?;
+    let plan = Plan::new(
+        Workload {
+            name: args.name(),
+            namespace: args.operator_namespace(),
+            image: &args.image,
+            replicas: args.replicas,
+            run: &args.run,
+        },
+        Error::Deploy,
+    )?;
     let rbac = crate::rbac::generate(operator, &plan.rbac).await?;
     let mut out = format!(
         "# Everything the operator `{name}` needs, in the order a cluster accepts it, as \
@@ -107,7 +119,7 @@ pub fn check_operator_name(name: &str) -> std::result::Result<(), String> {
 
 /// A DNS label of at most `most` characters, a letter first if `letter_first` (DNS-1035) or a
 /// letter or digit (DNS-1123).
-fn is_label(value: &str, most: usize, letter_first: bool) -> bool {
+pub(crate) fn is_label(value: &str, most: usize, letter_first: bool) -> bool {
     !value.is_empty()
         && value.len() <= most
         && value
@@ -118,29 +130,55 @@ fn is_label(value: &str, most: usize, letter_first: bool) -> bool {
         && !value.ends_with('-')
 }
 
-/// What the manifests are made of, worked out from the options.
-struct Plan {
+/// What a deployment of the operator is made from: the options of `manifests`, or of `olm bundle`
+/// ([`crate::olm`]).
+pub(crate) struct Workload<'a> {
+    /// The name of the Deployment, its service account, roles and Service.
+    pub(crate) name: String,
+    /// The namespace the operator runs in.
+    pub(crate) namespace: String,
+    /// The container image.
+    pub(crate) image: &'a str,
+    /// How many replicas.
+    pub(crate) replicas: u32,
+    /// The options the operator runs with.
+    pub(crate) run: &'a RunArgs,
+}
+
+/// What the manifests are made of, worked out from the options: `manifests` prints all of it, and
+/// `olm bundle` puts the same Deployment, RBAC and Service in a ClusterServiceVersion.
+pub(crate) struct Plan {
     name: String,
     namespace: String,
     image: String,
     replicas: u32,
     /// The options of `run` the Deployment passes.
-    run: crate::cli::RunArgs,
+    run: RunArgs,
     /// The options of `run` as given to `manifests`, for the header.
     given: Vec<String>,
     /// Who the operator runs as, and how (for the RBAC).
-    rbac: RbacArgs,
+    pub(crate) rbac: RbacArgs,
     /// The port and path of the health server in the pod.
     port: u16,
     liveness_path: String,
-    peering: bool,
+    /// Whether the operator peers through a named peering object (`--peering`, not standalone).
+    pub(crate) peering: bool,
+    /// The pod's field the served namespaces come from (`KACTOR_NAMESPACE`, by the downward API)
+    /// instead of `--namespace` in the arguments; see [`Plan::namespaces_from_field`].
+    namespaces_field: Option<String>,
 }
 
 impl Plan {
-    fn new(args: &DeployArgs) -> Result<Plan> {
-        let invalid = Error::Deploy;
-        let name = args.name();
-        let namespace = args.operator_namespace();
+    /// Works out the plan, or says which option cannot be deployed, as `invalid` words it
+    /// ([`Error::Deploy`] for `manifests`).
+    pub(crate) fn new(workload: Workload<'_>, invalid: fn(String) -> Error) -> Result<Plan> {
+        let Workload {
+            name,
+            namespace,
+            image,
+            replicas,
+            run: given,
+        } = workload;
         check_operator_name(&name).map_err(|reason| invalid(format!("--name {reason}")))?;
         if !is_label(&namespace, 63, false) {
             return Err(invalid(format!(
@@ -148,10 +186,10 @@ impl Plan {
                  digits and `-`, a letter or digit first, not `-` last, at most 63 characters"
             )));
         }
-        if args.image.trim().is_empty() {
+        if image.trim().is_empty() {
             return Err(invalid("--image is empty".to_string()));
         }
-        let mut run = args.run.clone();
+        let mut run = given.clone();
         if run.emulator {
             return Err(invalid(
                 "--emulator runs the operator here; the manifests deploy it to a cluster"
@@ -159,11 +197,10 @@ impl Plan {
             ));
         }
         let peering = run.peering.is_some() && !run.standalone;
-        if args.replicas > 1 && !peering && !run.leader_election {
+        if replicas > 1 && !peering && !run.leader_election {
             return Err(invalid(format!(
-                "{} replicas would all handle the same objects at once: add --leader-election (or \
-                 --peering NAME) so that one works and the others wait",
-                args.replicas
+                "{replicas} replicas would all handle the same objects at once: add \
+                 --leader-election (or --peering NAME) so that one works and the others wait"
             )));
         }
         if peering {
@@ -197,14 +234,25 @@ impl Plan {
             },
             name,
             namespace,
-            image: args.image.clone(),
-            replicas: args.replicas,
+            image: image.to_string(),
+            replicas,
             port: endpoint.addr.port(),
             liveness_path: endpoint.path,
             run,
-            given: args.run.to_args(),
+            given: given.to_args(),
             peering,
+            namespaces_field: None,
         })
+    }
+
+    /// Serves the namespaces that the pod's field `field_path` lists (comma-separated, as `-n`
+    /// takes them), read into `KACTOR_NAMESPACE` by the downward API, instead of those of
+    /// `--namespace`: OLM writes the namespaces it chose into the pod's `olm.targetNamespaces`
+    /// annotation. The RBAC stays derived from the options given.
+    pub(crate) fn namespaces_from_field(&mut self, field_path: &str) {
+        self.run.namespaces.clear();
+        self.run.all_namespaces = false;
+        self.namespaces_field = Some(field_path.to_string());
     }
 
     /// The command line that prints these manifests, for their header.
@@ -221,7 +269,8 @@ impl Plan {
         words.join(" ")
     }
 
-    fn labels(&self) -> Value {
+    /// The labels of everything the plan makes, and the Deployment's selector.
+    pub(crate) fn labels(&self) -> Value {
         json!({"app.kubernetes.io/name": self.name})
     }
 
@@ -233,9 +282,18 @@ impl Plan {
         }))
     }
 
-    fn deployment(&self) -> Deployment {
+    /// The Deployment that runs the image with the options, in the operator's namespace.
+    pub(crate) fn deployment(&self) -> Deployment {
         let mut args = vec!["run".to_string()];
         args.extend(self.run.to_args());
+        let mut env = vec![
+            // The identity among peers, as Kopf's POD_ID.
+            json!({"name": "POD_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}),
+            json!({"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}),
+        ];
+        if let Some(field_path) = &self.namespaces_field {
+            env.push(json!({"name": "KACTOR_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": field_path}}}));
+        }
         let scrape = json!({
             "prometheus.io/scrape": "true",
             "prometheus.io/port": self.port.to_string(),
@@ -267,11 +325,7 @@ impl Plan {
                             "name": "operator",
                             "image": self.image,
                             "args": args,
-                            "env": [
-                                // The identity among peers, as Kopf's POD_ID.
-                                {"name": "POD_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                                {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-                            ],
+                            "env": env,
                             "ports": [{"name": "http", "containerPort": self.port}],
                             "livenessProbe": {
                                 "httpGet": {"path": liveness_path, "port": "http"},
@@ -299,7 +353,8 @@ impl Plan {
         }))
     }
 
-    fn service(&self) -> Service {
+    /// The Service for `/metrics`, in the operator's namespace.
+    pub(crate) fn service(&self) -> Service {
         typed(json!({
             "apiVersion": "v1",
             "kind": "Service",

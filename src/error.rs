@@ -81,6 +81,10 @@ pub enum Error {
     /// replicas with nothing to make them take turns, ...).
     #[error("cannot make the manifests: {0}")]
     Deploy(String),
+    /// `olm bundle` was given options it cannot bundle (those `manifests` cannot deploy, a version
+    /// that is not a semantic version, a channel that is not listed, ...).
+    #[error("cannot make the OLM bundle: {0}")]
+    Bundle(String),
     /// A command's input could not be read.
     #[error("cannot read {what}: {reason}")]
     Input {

@@ -19,6 +19,7 @@ pub mod emulated;
 mod error;
 mod liveness;
 pub mod logging;
+pub mod olm;
 mod operator;
 pub mod rbac;
 mod scope;
