@@ -1183,16 +1183,7 @@ async fn the_manifests_apply_in_one_go_and_the_operator_works_with_exactly_them(
     )
     .await;
     let log = home.join("operator.log");
-    let mut child = tokio::process::Command::new(memcached_binary())
-        .args(&args)
-        .env("KUBECONFIG", &account_kubeconfig)
-        .env("POD_ID", "memcached-7d4b9-x2x1z")
-        .env("POD_NAMESPACE", "memcached-system")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = run_as_the_pod(&args, &[], &account_kubeconfig, &log);
 
     let peerings = Api::<DynamicObject>::all_with(
         cluster.client(),
@@ -1223,18 +1214,65 @@ async fn the_manifests_apply_in_one_go_and_the_operator_works_with_exactly_them(
     })
     .await;
     until_answer(port, "/readyz", "readiness", |code, _| code == 200).await;
-
-    let status = terminate(&mut child, WAIT).await;
-    let output = std::fs::read_to_string(&log).unwrap();
-    assert!(status.success(), "{status}:\n{output}");
-    for denied in ["403", "Forbidden", "forbidden"] {
-        assert!(!output.contains(denied), "a request was denied:\n{output}");
-    }
+    let output = stop_undenied(&mut child, &log).await;
     assert!(
         output.contains("Created the missing peering object 'memcached' cluster-wide"),
         "{output}"
     );
+
+    // The reconcile version, with the same manifests: its caches of Deployments and pods (listed
+    // and watched) are within them too.
+    let reconcile = [("MEMCACHED_RECONCILE", "true")];
+    let mut child = run_as_the_pod(&args, &reconcile, &account_kubeconfig, &log);
+    memcacheds
+        .create(
+            &PostParams::default(),
+            &Memcached::new("cache2", MemcachedSpec { size: 1 }),
+        )
+        .await
+        .unwrap();
+    until(
+        &made,
+        "cache2",
+        "the reconciled Memcached's Deployment",
+        |d| d.is_some(),
+    )
+    .await;
+    until_answer(port, "/readyz", "readiness", |code, _| code == 200).await;
+    stop_undenied(&mut child, &log).await;
     let _ = std::fs::remove_dir_all(&home);
+}
+
+/// The example's program with the Deployment's arguments and environment (plus `env`), as its
+/// service account, its log in `log`.
+fn run_as_the_pod(
+    args: &[String],
+    env: &[(&str, &str)],
+    kubeconfig: &Path,
+    log: &Path,
+) -> tokio::process::Child {
+    tokio::process::Command::new(memcached_binary())
+        .args(args)
+        .envs(env.iter().copied())
+        .env("KUBECONFIG", kubeconfig)
+        .env("POD_ID", "memcached-7d4b9-x2x1z")
+        .env("POD_NAMESPACE", "memcached-system")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+/// Stops the program, which must exit well with no request denied; its log.
+async fn stop_undenied(child: &mut tokio::process::Child, log: &Path) -> String {
+    let status = terminate(child, WAIT).await;
+    let output = std::fs::read_to_string(log).unwrap();
+    assert!(status.success(), "{status}:\n{output}");
+    for denied in ["403", "Forbidden", "forbidden"] {
+        assert!(!output.contains(denied), "a request was denied:\n{output}");
+    }
+    output
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -166,7 +166,22 @@ fn base() -> kactor::Result<(Operator, IntCounterVec)> {
             &["get", "create", "patch", "delete"],
             "each Memcached owns a Deployment: created (server-side apply), scaled, checked, deleted",
         )
-        .permission("", "pods", &["list"], "status.nodes lists the memcached pods");
+        .permission("", "pods", &["list"], "status.nodes lists the memcached pods")
+        // The reconcile version (`--reconcile`) caches the Deployments and pods it reads: kactor
+        // derives their list and watch from its handler, but the manifests are printed from this
+        // version and must serve all three.
+        .permission(
+            "apps",
+            "deployments",
+            &["list", "watch"],
+            "--reconcile: the reconcile handler owns the Deployments (cached: listed and watched)",
+        )
+        .permission(
+            "",
+            "pods",
+            &["watch"],
+            "--reconcile: the reconcile handler watches the pods (cached: listed and watched)",
+        );
     Ok((operator, changes))
 }
 
