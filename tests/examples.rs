@@ -317,18 +317,7 @@ async fn the_drift_check_lists_the_pods_of_its_memcached_in_status_nodes() {
         ("cache-a", "cache"),
         ("other-a", "other"),
     ] {
-        let pod = json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "labels": {"app": "memcached", "memcached_cr": owner}},
-            "spec": {"containers": [{"name": "memcached", "image": "memcached:1.6-alpine"}]},
-        });
-        pods.create(
-            &PostParams::default(),
-            &serde_json::from_value(pod).unwrap(),
-        )
-        .await
-        .unwrap();
+        make_pod(&pods, name, owner).await;
     }
     let running = spawn(memcached_operator(&cluster.cluster, fast_drift_check()));
     create(&cluster.memcacheds, "cache", 2).await;

@@ -774,17 +774,11 @@ impl Processor {
         let ctx = base
             .clone()
             .with_triggers(triggers.clone())
-            .with_attempt(Attempt {
-                id: options.id.as_str().into(),
-                param: options.param.clone(),
-                retry: state.failures,
-                started: None,
-                runtime: Duration::ZERO,
-                old: None,
-                new: None,
-                diff: None,
-                reduced: false,
-            });
+            .with_attempt(Attempt::plain(
+                &options.id,
+                options.param.clone(),
+                state.failures,
+            ));
         let Ok(_permit) = self.limiter.acquire().await else {
             return;
         };
@@ -912,17 +906,9 @@ impl Processor {
                 observer: &*self.observer,
                 active: true,
             };
-            let ctx = base.clone().with_attempt(Attempt {
-                id: handler.id.as_str().into(),
-                param: handler.param.clone(),
-                retry: 0,
-                started: None,
-                runtime: Duration::ZERO,
-                old: None,
-                new: None,
-                diff: None,
-                reduced: false,
-            });
+            let ctx =
+                base.clone()
+                    .with_attempt(Attempt::plain(&handler.id, handler.param.clone(), 0));
             let Ok(_permit) = self.limiter.acquire().await else {
                 return;
             };

@@ -226,6 +226,24 @@ pub struct Attempt {
     pub reduced: bool,
 }
 
+impl Attempt {
+    /// An attempt of a handler that keeps no progress (event and reconcile handlers): `retry`
+    /// attempts came before it, and no field is reduced.
+    pub fn plain(id: &str, param: Option<Arc<Value>>, retry: u32) -> Self {
+        Attempt {
+            id: id.into(),
+            param,
+            retry,
+            started: None,
+            runtime: Duration::ZERO,
+            old: None,
+            new: None,
+            diff: None,
+            reduced: false,
+        }
+    }
+}
+
 /// Where a context's Kubernetes Events go.
 struct EventSink {
     poster: EventPoster,
