@@ -101,6 +101,12 @@ pub mod conditions {
     };
 }
 
+/// In-memory indexes (Kopf's `@kopf.index`): [`Operator::index`], read with
+/// [`Ctx::index`](handlers::Ctx::index).
+pub mod indexes {
+    pub use kactor_reactor::indexes::{Index, IndexKey, NoIndex};
+}
+
 /// Which objects and changes handlers are for.
 pub mod filters {
     pub use kactor_reactor::filters::{MetaCheck, MetaFilter, ValueCheck, ValueFilter, WhenFn};

@@ -35,8 +35,9 @@ use kactor_reactor::causes::Reason;
 use kactor_reactor::daemons::{Daemon, Timer};
 use kactor_reactor::discovery::{self, ResolveError};
 use kactor_reactor::handlers::{
-    handler_fn, Activity, ActivityCtx, ChangingHandler, Ctx, EventHandler, HandlerError,
-    HandlerResult, Memo, On, Probe, Registry, ResourceHandlers, Spawning, SpawningHandler,
+    handler_fn, Activity, ActivityCtx, ChangingHandler, Ctx, ErrorsMode, EventHandler,
+    HandlerError, HandlerResult, IndexHandler, Memo, On, Probe, Registry, ResourceHandlers,
+    Spawning, SpawningHandler,
 };
 use kactor_reactor::metered::{metered, MeteredLayer};
 use kactor_reactor::observe::{BoardEntry, Observer, Tee, WatchBoard};
@@ -311,6 +312,48 @@ impl Operator {
             selector: resource.into(),
             options: options.into(),
             func: reconcile_fn(handler),
+        });
+        self
+    }
+
+    /// Registers an index handler (Kopf's `@kopf.index`): an in-memory index of the resource's
+    /// objects, read by any handler with `ctx.index(id)`. What it returns for an object is kept
+    /// until the object's next event: a map is merged per key (each entry's value under its key),
+    /// any other value goes under the key `None`, null keeps what the object gave before. An
+    /// object's values go when it is deleted or stops passing the filters. Errors are ignored by
+    /// default (the stale values stay); `On::errors` changes it, as in Kopf. Resource handlers of
+    /// every resource start only once the indexes are populated (every indexed resource listed,
+    /// and each listed object indexed).
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// let operator = Operator::new()
+    ///     .index("pods", "by_node", |ctx: Ctx| async move {
+    ///         let node = ctx.spec()["nodeName"].as_str().unwrap_or_default().to_string();
+    ///         Ok(json!({ node: ctx.name() }))
+    ///     })
+    ///     .on_create("nodes", "count_pods", |ctx: Ctx| async move {
+    ///         let pods = ctx.index("by_node")?.get(Some(ctx.name())).len();
+    ///         Ok(json!({"pods": pods}))
+    ///     });
+    /// ```
+    pub fn index<S, O, F, Fut, R>(mut self, resource: S, on: O, handler: F) -> Self
+    where
+        S: Into<Selector>,
+        O: Into<On>,
+        F: Fn(Ctx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<R, HandlerError>> + Send + 'static,
+        R: serde::Serialize + 'static,
+    {
+        let on = on.into();
+        self.registry.index_handlers.push(IndexHandler {
+            id: on.id,
+            selector: resource.into(),
+            filters: on.filters,
+            errors: on.options.errors.unwrap_or(ErrorsMode::Ignored),
+            backoff: on.options.backoff,
+            param: on.options.param,
+            func: handler_fn(handler),
         });
         self
     }

@@ -265,7 +265,8 @@ async fn handlers_read_the_cache_without_requests_and_never_older_than_their_tri
         })
         .await;
     }
-    assert!(runs.load(Ordering::SeqCst) >= base + 11);
+    // At least one run after each change (the creation's may join the first change's).
+    assert!(runs.load(Ordering::SeqCst) >= base + 10);
     assert_eq!(
         reads.0.load(Ordering::SeqCst),
         before,

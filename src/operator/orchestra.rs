@@ -8,7 +8,9 @@
 use std::time::Duration;
 
 use kactor_actors::related::{Directory, RelatedConfig, RelatedWatch, Route, RouteKind};
+use kactor_actors::supervisor::label_of;
 use kactor_reactor::cache::Caches;
+use kactor_reactor::indexes::Indexes;
 
 use super::run::run_activity;
 use super::*;
@@ -79,6 +81,8 @@ pub(super) struct Orchestra {
     directory: Directory,
     /// The shared caches.
     caches: Caches,
+    /// The indexes.
+    indexes: Indexes,
     /// The related kinds' streams, by (kind, namespace).
     related: HashMap<SupervisorKey, RelatedStream>,
     switch: PauseSwitch,
@@ -133,6 +137,13 @@ impl Orchestra {
             running: HashMap::new(),
             directory: Directory::default(),
             caches: Caches::default(),
+            indexes: {
+                let indexes = Indexes::default();
+                for handler in &operator.registry.index_handlers {
+                    indexes.declare(&handler.id);
+                }
+                indexes
+            },
             related: HashMap::new(),
             switch: operator.switch.clone(),
             paused: false,
@@ -356,6 +367,13 @@ impl Orchestra {
             }
         }
         self.reconcile_related().await;
+        // Every indexed stream counts for the indexes' readiness before any stream starts.
+        for (key, (resource, handlers, _)) in &desired {
+            if !handlers.index.is_empty() && !self.running.get(key).is_some_and(Addr::connected) {
+                self.indexes
+                    .expect_stream(&label_of(resource, key.1.as_deref()));
+            }
+        }
         for (key, (resource, handlers, actors)) in desired {
             if self.running.get(&key).is_some_and(Addr::connected) {
                 continue;
@@ -376,6 +394,7 @@ impl Orchestra {
                 start_paused: self.paused,
                 actors,
                 caches: Some(self.caches.clone()),
+                indexes: Some(self.indexes.clone()),
             };
             let supervisor = self
                 .actors

@@ -35,6 +35,7 @@ use tokio::time::Instant;
 use actix::prelude::*;
 use kactor_reactor::cache::{Caches, Store};
 use kactor_reactor::handlers::{Memo, ResourceHandlers};
+use kactor_reactor::indexes::Indexes;
 use kactor_reactor::observe::{BoardEntry, Observer, WatchBoard};
 use kactor_reactor::posting::EventPoster;
 use kactor_reactor::processing::{ObjectMemory, Processor};
@@ -50,6 +51,8 @@ use tokio::sync::Semaphore;
 use crate::daemons::{ApiSink, DaemonEnv};
 use crate::objects::{ActorEnv, ObjectHost, ObjectKey};
 use crate::tracker::Tracker;
+pub use kactor_reactor::resources::object_key as key_of;
+
 use crate::worker::{self, Deliver, Idle, Interrupted, ObjectWorker, Returned, Stop, WorkerShared};
 
 /// How many batches may wait to be routed while the watch stream fetches the next one.
@@ -90,6 +93,18 @@ pub struct SupervisorConfig {
     /// The operator's shared caches: handlers read them (`ctx.cache`), and a resource with
     /// reconcile handlers keeps its own store there up to date from this supervisor's stream.
     pub caches: Option<Caches>,
+    /// The operator's indexes: handlers read them (`ctx.index`), this resource's index handlers
+    /// keep them, and the first listing of an indexed resource is told to their readiness.
+    pub indexes: Option<Indexes>,
+}
+
+/// A supervisor's label: the resource, and the namespace it watches (in logs, on the watch board,
+/// and in the indexes' readiness).
+pub fn label_of(resource: &Resource, namespace: Option<&str>) -> String {
+    match namespace {
+        Some(namespace) => format!("{resource} in {namespace}"),
+        None => resource.to_string(),
+    }
 }
 
 /// One batch from the watch stream.
@@ -210,10 +225,7 @@ pub struct ResourceSupervisor {
 impl ResourceSupervisor {
     /// A supervisor; start it with `Actor::start` on the actors' thread.
     pub fn new(config: SupervisorConfig) -> Self {
-        let label = match &config.namespace {
-            Some(namespace) => format!("{} in {namespace}", config.resource),
-            None => config.resource.to_string(),
-        };
+        let label = label_of(&config.resource, config.namespace.as_deref());
         // On the board from the start: readiness waits for this stream's listing as soon as the
         // supervisor exists, not only once it started.
         let status = Arc::new(WatchStatus::new());
@@ -418,6 +430,11 @@ impl ResourceSupervisor {
             store.listing_done(self.config.namespace.as_deref());
         }
         let listed = std::mem::take(&mut self.listing);
+        if let Some(indexes) = &self.config.indexes {
+            if !self.config.handlers.index.is_empty() {
+                indexes.stream_listed(&self.label, listed.iter().cloned());
+            }
+        }
         let vanished: Vec<Arc<str>> = self
             .records
             .keys()
@@ -484,6 +501,10 @@ impl Actor for ResourceSupervisor {
         .observed(config.observer.clone());
         let processor = match &config.caches {
             Some(caches) => processor.with_caches(caches.clone()),
+            None => processor,
+        };
+        let processor = match &config.indexes {
+            Some(indexes) => processor.with_indexes(indexes.clone()),
             None => processor,
         };
         for host in &config.actors {
@@ -690,79 +711,5 @@ impl Handler<Count> for ResourceSupervisor {
             objects: self.records.len(),
             workers: self.records.values().filter(|r| r.worker.is_some()).count(),
         }
-    }
-}
-
-/// The routing key of an object: its uid, or Kopf's fallback
-/// `kind//apiVersion//name//namespace//creationTimestamp` (with `-` for missing parts).
-pub fn key_of(resource: &Resource, object: &DynamicObject) -> Arc<str> {
-    if let Some(uid) = object.metadata.uid.as_deref().filter(|u| !u.is_empty()) {
-        return Arc::from(uid);
-    }
-    let api_version = object
-        .types
-        .as_ref()
-        .map_or_else(|| resource.api_version(), |t| t.api_version.clone());
-    let kind = object
-        .types
-        .as_ref()
-        .map_or(resource.kind.as_str(), |t| t.kind.as_str())
-        .to_string();
-    let part = |value: Option<&str>| value.filter(|v| !v.is_empty()).unwrap_or("-").to_string();
-    let created = object
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map(|t| t.0.to_string());
-    Arc::from(format!(
-        "{}//{}//{}//{}//{}",
-        part(Some(&kind)),
-        part(Some(&api_version)),
-        part(object.metadata.name.as_deref()),
-        part(object.metadata.namespace.as_deref()),
-        part(created.as_deref())
-    ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn resource() -> Resource {
-        Resource {
-            group: "example.com".into(),
-            version: "v1".into(),
-            plural: "widgets".into(),
-            kind: "Widget".into(),
-            singular: "widget".into(),
-            short_names: vec![],
-            categories: vec![],
-            namespaced: true,
-            preferred: true,
-            verbs: vec![],
-            subresources: vec![],
-        }
-    }
-
-    #[test]
-    fn objects_are_keyed_by_uid() {
-        let mut object = DynamicObject::new("w", &resource().api_resource());
-        object.metadata.uid = Some("1234".into());
-        assert_eq!(&*key_of(&resource(), &object), "1234");
-    }
-
-    #[test]
-    fn objects_without_uid_get_kopfs_fallback_key() {
-        let mut object = DynamicObject::new("w", &resource().api_resource()).within("ns1");
-        assert_eq!(
-            &*key_of(&resource(), &object),
-            "Widget//example.com/v1//w//ns1//-"
-        );
-        object.metadata.namespace = None;
-        object.types = None;
-        assert_eq!(
-            &*key_of(&resource(), &object),
-            "Widget//example.com/v1//w//-//-"
-        );
     }
 }

@@ -71,6 +71,7 @@ impl Supervised {
             start_paused: false,
             actors: Vec::new(),
             caches: None,
+            indexes: None,
         };
         let actors = ActorSystem::start().unwrap();
         let supervisor = actors

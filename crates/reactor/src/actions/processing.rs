@@ -2,6 +2,8 @@
 //! "Processing one event"; Kopf's `process_resource_event`).
 //!
 //! **Expected flow** of [`Processor::process`], as Kopf's `processing.py`, one named step each:
+//! 0. `run_index_handlers`: the object's entries in the indexes are updated ([`crate::intents::indexes`]),
+//!    then, until every index is populated, the cycle waits (resource handlers see whole indexes);
 //! 1. `run_event_handlers`: `on_event` handlers run (errors are logged and ignored, no progress is
 //!    kept);
 //! 2. `process_spawning`: which daemons and timers should run now (none during a deletion), told
@@ -65,7 +67,10 @@ use crate::clients::cache::Caches;
 use crate::clients::observe::{NoObserver, Observer};
 use crate::clients::patches::{self, ApplyError, Patch, PatchFn};
 use crate::clients::posting::EventPoster;
-use crate::intents::handlers::{Attempt, ChangingHandler, Ctx, ErrorsMode, Memo, ResourceHandlers};
+use crate::intents::handlers::{
+    Attempt, ChangingHandler, Ctx, ErrorsMode, IndexHandler, Memo, ResourceHandlers,
+};
+use crate::intents::indexes::Indexes;
 use crate::intents::reconcile::{Action, ReconcileHandler};
 use crate::storage::diffbase::DiffBaseStorage;
 use crate::storage::progress::ProgressStorage;
@@ -76,7 +81,7 @@ use crate::structs::finalizers;
 use crate::structs::keys::KeyForming;
 use crate::structs::names::EventType;
 use crate::structs::names::Verdict;
-use crate::structs::resources::Resource;
+use crate::structs::resources::{object_key, Resource};
 use crate::structs::settings::Settings;
 use crate::structs::triggers::Triggers;
 
@@ -110,6 +115,7 @@ pub struct Processor {
     extra_fields: Vec<Vec<String>>,
     clock: Clock,
     caches: Option<Caches>,
+    indexes: Option<Indexes>,
 }
 
 /// Where processing reads the wall-clock time it stores on objects (when handlers started, until
@@ -174,6 +180,9 @@ pub struct ObjectMemory {
     pub superseded: Vec<String>,
     /// Each reconcile handler's state, by its index among the resource's reconcile handlers.
     pub reconcile: Vec<ReconcileState>,
+    /// Index handlers (by id) that failed for this object: left out for good (None) or until then.
+    /// Boxed: most objects never have one, and every object has a memory.
+    pub index_excluded: Option<Box<std::collections::HashMap<String, Option<Instant>>>>,
 }
 
 /// What a reconcile handler's runs leave for the next, per object.
@@ -431,7 +440,15 @@ impl Processor {
             extra_fields,
             clock: Clock::System,
             caches: None,
+            indexes: None,
         }
+    }
+
+    /// Handlers read the indexes `indexes` (`ctx.index`), and this resource's index handlers keep
+    /// them.
+    pub fn with_indexes(mut self, indexes: Indexes) -> Self {
+        self.indexes = Some(indexes);
+        self
     }
 
     /// Handlers read the shared caches `caches` (`ctx.cache`).
@@ -481,7 +498,21 @@ impl Processor {
             Some(caches) => base.with_caches(caches.clone()),
             None => base,
         };
+        let base = match &self.indexes {
+            Some(indexes) => base.with_indexes(indexes.clone()),
+            None => base,
+        };
         let object = Lifecycle::of(&event, &self.settings.persistence.finalizer);
+        if let Some(indexes) = &self.indexes {
+            if !event.synthetic && !self.handlers.index.is_empty() {
+                self.run_index_handlers(indexes, &base, &object, memory)
+                    .await;
+            }
+            if !indexes.is_ready() {
+                tracing::debug!("Waiting for the indexes to be populated.");
+                indexes.ready().await;
+            }
+        }
 
         if !event.synthetic {
             self.run_event_handlers(&base).await;
@@ -887,6 +918,84 @@ impl Processor {
         let new = self.diffbase.essence(body, &self.extra_fields);
         let diff = diffs::diff(old.as_ref(), Some(&new));
         (old, new, diff)
+    }
+
+    /// Kopf's indexing: each index handler's result for the object replaces what it gave before;
+    /// a gone object, or one its filters no longer pass, gives nothing; an error per the handler's
+    /// errors mode. Told to the indexes' readiness either way.
+    async fn run_index_handlers(
+        &self,
+        indexes: &Indexes,
+        base: &Ctx,
+        object: &Lifecycle,
+        memory: &mut ObjectMemory,
+    ) {
+        let key = object_key(&self.resource, &base.body);
+        for handler in &self.handlers.index {
+            if object.deleted || !handler.filters.matches(base, false) {
+                indexes.remove(&handler.id, &key);
+                continue;
+            }
+            let now = Instant::now();
+            if let Some(excluded) = &mut memory.index_excluded {
+                match excluded.get(&handler.id) {
+                    Some(None) => continue,
+                    Some(Some(until)) if *until > now => continue,
+                    _ => {}
+                }
+                excluded.remove(&handler.id);
+            }
+            if let Some(result) = self.index_once(handler, base, memory).await {
+                indexes.replace(&handler.id, &key, &result);
+            } else if memory
+                .index_excluded
+                .as_ref()
+                .is_some_and(|excluded| excluded.contains_key(&handler.id))
+            {
+                indexes.remove(&handler.id, &key);
+            }
+        }
+        indexes.indexed(&key);
+    }
+
+    /// One run of an index handler: its result, or None (a null result, or an error: the
+    /// exclusion per its errors mode is left in the memory).
+    async fn index_once(
+        &self,
+        handler: &IndexHandler,
+        base: &Ctx,
+        memory: &mut ObjectMemory,
+    ) -> Option<Value> {
+        let backoff = handler
+            .backoff
+            .unwrap_or(self.settings.execution.default_backoff);
+        let invocation = Invocation {
+            id: &handler.id,
+            func: &handler.func,
+            errors: handler.errors,
+            backoff,
+            timeout: None,
+            retries: None,
+            post_events: false,
+            resource: &self.label,
+            observer: &*self.observer,
+            active: true,
+        };
+        let ctx = base
+            .clone()
+            .with_attempt(Attempt::plain(&handler.id, handler.param.clone(), 0));
+        let _permit = self.limiter.acquire().await.ok()?;
+        let (outcome, _) = execute_once(&invocation, ctx, 0, Duration::ZERO).await;
+        let until = match (outcome.error, outcome.delay) {
+            (None, _) => return outcome.result,
+            (Some(_), Some(delay)) => Some(Instant::now() + delay),
+            (Some(_), None) => None,
+        };
+        memory
+            .index_excluded
+            .get_or_insert_with(Default::default)
+            .insert(handler.id.clone(), until);
+        None
     }
 
     async fn run_event_handlers(&self, base: &Ctx) {

@@ -22,6 +22,7 @@ use tokio::sync::watch;
 use crate::clients::cache::{Cache, CacheError, Caches};
 use crate::clients::patches::Patch;
 use crate::clients::posting::{EventPoster, Level, ObjectRef};
+use crate::intents::indexes::{Index, Indexes, NoIndex};
 use crate::structs::causes::{ChangingCause, Reason};
 use crate::structs::diffs::Diff;
 use crate::structs::names::EventType;
@@ -195,6 +196,7 @@ pub struct Ctx {
     daemon: Option<Arc<DaemonSide>>,
     caches: Option<Caches>,
     triggers: Option<Arc<Triggers>>,
+    indexes: Option<Indexes>,
 }
 
 /// What daemons and timers see beyond other handlers: the stop signal and the live body.
@@ -274,6 +276,7 @@ impl Ctx {
             daemon: None,
             caches: None,
             triggers: None,
+            indexes: None,
         }
     }
 
@@ -345,6 +348,21 @@ impl Ctx {
     pub fn with_caches(mut self, caches: Caches) -> Self {
         self.caches = Some(caches);
         self
+    }
+
+    /// The same context, reading the operator's indexes.
+    pub fn with_indexes(mut self, indexes: Indexes) -> Self {
+        self.indexes = Some(indexes);
+        self
+    }
+
+    /// The index an index handler of this id keeps (Kopf's index kwargs), as it is now: resource
+    /// handlers run only once every index is populated.
+    pub fn index(&self, id: &str) -> Result<Index, NoIndex> {
+        self.indexes
+            .as_ref()
+            .and_then(|indexes| indexes.get(id))
+            .ok_or_else(|| NoIndex(id.to_string()))
     }
 
     /// The same context, for a reconcile run with these triggers.

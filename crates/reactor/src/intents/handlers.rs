@@ -58,6 +58,29 @@ pub struct Options {
     pub param: Option<Arc<Value>>,
 }
 
+/// A registered index handler (Kopf's `@kopf.index`): its result for each object is kept in the
+/// index of its id ([`crate::intents::indexes`]).
+#[derive(Clone)]
+pub struct IndexHandler {
+    /// The id: the index's name (`ctx.index(id)`).
+    pub id: String,
+    /// Which resource it indexes.
+    pub selector: Selector,
+    /// Which objects it indexes: the others' values are removed.
+    pub filters: Filters,
+    /// Errors: `Ignored` (the default, as Kopf's) keeps the stale values; `Permanent` removes them
+    /// and leaves the object out until the operator restarts; `Temporary` removes them and tries
+    /// again at the first event after the delay.
+    pub errors: ErrorsMode,
+    /// The delay before trying again after an error, in the `Temporary` mode (default:
+    /// `execution.default_backoff`).
+    pub backoff: Option<Duration>,
+    /// The handler's `param`.
+    pub param: Option<Arc<Value>>,
+    /// The function.
+    pub func: HandlerFn,
+}
+
 /// A registered changing handler: create, update, delete, resume or field.
 #[derive(Clone)]
 pub struct ChangingHandler {
@@ -292,6 +315,8 @@ pub struct ResourceHandlers {
     pub spawning: Vec<SpawningHandler>,
     /// Reconcile handlers, in registration order.
     pub reconcile: Vec<ReconcileHandler>,
+    /// Index handlers, in registration order.
+    pub index: Vec<IndexHandler>,
 }
 
 impl ResourceHandlers {
@@ -303,6 +328,7 @@ impl ResourceHandlers {
             .chain(self.changing.iter().map(|h| h.id.as_str()))
             .chain(self.spawning.iter().map(|h| h.id.as_str()))
             .chain(self.reconcile.iter().map(ReconcileHandler::id))
+            .chain(self.index.iter().map(|h| h.id.as_str()))
             .collect()
     }
 
@@ -312,6 +338,7 @@ impl ResourceHandlers {
         self.changing.extend(other.changing.iter().cloned());
         self.spawning.extend(other.spawning.iter().cloned());
         self.reconcile.extend(other.reconcile.iter().cloned());
+        self.index.extend(other.index.iter().cloned());
     }
 
     /// The fields named by handlers, kept in the essence even outside `spec` (Kopf's extra fields).
@@ -341,6 +368,7 @@ impl ResourceHandlers {
             && self.changing.is_empty()
             && self.spawning.is_empty()
             && self.reconcile.is_empty()
+            && self.index.is_empty()
     }
 }
 
@@ -355,6 +383,8 @@ pub struct Registry {
     pub spawning_handlers: Vec<SpawningHandler>,
     /// Reconcile handlers, in registration order.
     pub reconcile_handlers: Vec<ReconcileHandler>,
+    /// Index handlers, in registration order.
+    pub index_handlers: Vec<IndexHandler>,
     /// How related kinds' caches change objects before keeping them, by kind.
     pub cache_transforms: Vec<(Selector, crate::clients::cache::Transform)>,
     /// `on_startup` activities, run in order before anything is watched.
@@ -375,7 +405,8 @@ impl Registry {
             .map(|h| &h.selector)
             .chain(self.changing_handlers.iter().map(|h| &h.selector))
             .chain(self.spawning_handlers.iter().map(|h| &h.selector))
-            .chain(self.reconcile_handlers.iter().map(|h| &h.selector));
+            .chain(self.reconcile_handlers.iter().map(|h| &h.selector))
+            .chain(self.index_handlers.iter().map(|h| &h.selector));
         for selector in all {
             if !selectors.contains(selector) {
                 selectors.push(selector.clone());
@@ -407,6 +438,12 @@ impl Registry {
                 .collect(),
             reconcile: self
                 .reconcile_handlers
+                .iter()
+                .filter(|h| h.selector == *selector)
+                .cloned()
+                .collect(),
+            index: self
+                .index_handlers
                 .iter()
                 .filter(|h| h.selector == *selector)
                 .cloned()

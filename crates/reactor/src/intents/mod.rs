@@ -5,4 +5,5 @@ pub mod context;
 pub mod daemons;
 pub mod filters;
 pub mod handlers;
+pub mod indexes;
 pub mod reconcile;

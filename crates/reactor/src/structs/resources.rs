@@ -7,7 +7,9 @@
 //! against discovery (`discovery.rs`) into exactly one [`Resource`].
 
 use std::fmt;
+use std::sync::Arc;
 
+use kube::api::DynamicObject;
 use kube::discovery::ApiResource;
 
 /// A resource as the cluster serves it, in one version.
@@ -239,6 +241,37 @@ impl fmt::Display for Selector {
     }
 }
 
+/// The routing key of an object: its uid, or Kopf's fallback
+/// `kind//apiVersion//name//namespace//creationTimestamp` (with `-` for missing parts).
+pub fn object_key(resource: &Resource, object: &DynamicObject) -> Arc<str> {
+    if let Some(uid) = object.metadata.uid.as_deref().filter(|u| !u.is_empty()) {
+        return Arc::from(uid);
+    }
+    let api_version = object
+        .types
+        .as_ref()
+        .map_or_else(|| resource.api_version(), |t| t.api_version.clone());
+    let kind = object
+        .types
+        .as_ref()
+        .map_or(resource.kind.as_str(), |t| t.kind.as_str())
+        .to_string();
+    let part = |value: Option<&str>| value.filter(|v| !v.is_empty()).unwrap_or("-").to_string();
+    let created = object
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0.to_string());
+    Arc::from(format!(
+        "{}//{}//{}//{}//{}",
+        part(Some(&kind)),
+        part(Some(&api_version)),
+        part(object.metadata.name.as_deref()),
+        part(object.metadata.namespace.as_deref()),
+        part(created.as_deref())
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,5 +358,48 @@ mod tests {
         for bad in ["v", "1", "vbeta1", "v1beta", "v1gamma1", "example"] {
             assert!(!is_version(bad), "{bad}");
         }
+    }
+}
+
+#[cfg(test)]
+mod key_tests {
+    use super::*;
+
+    fn resource() -> Resource {
+        Resource {
+            group: "example.com".into(),
+            version: "v1".into(),
+            plural: "widgets".into(),
+            kind: "Widget".into(),
+            singular: "widget".into(),
+            short_names: vec![],
+            categories: vec![],
+            namespaced: true,
+            preferred: true,
+            verbs: vec![],
+            subresources: vec![],
+        }
+    }
+
+    #[test]
+    fn objects_are_keyed_by_uid() {
+        let mut object = DynamicObject::new("w", &resource().api_resource());
+        object.metadata.uid = Some("1234".into());
+        assert_eq!(&*object_key(&resource(), &object), "1234");
+    }
+
+    #[test]
+    fn objects_without_uid_get_kopfs_fallback_key() {
+        let mut object = DynamicObject::new("w", &resource().api_resource()).within("ns1");
+        assert_eq!(
+            &*object_key(&resource(), &object),
+            "Widget//example.com/v1//w//ns1//-"
+        );
+        object.metadata.namespace = None;
+        object.types = None;
+        assert_eq!(
+            &*object_key(&resource(), &object),
+            "Widget//example.com/v1//w//-//-"
+        );
     }
 }
