@@ -277,6 +277,27 @@ pub fn operator(narrator: &Narrator) -> Operator {
                 async { Ok(()) }
             }
         })
+        // Indexes: each widget's result, kept in memory by key across the widgets, read by any
+        // handler (`ctx.index`); no resource handler runs before they are populated.
+        .index(widgets.clone(), "by_size", {
+            let say = say.clone();
+            move |ctx: Ctx| {
+                let size = ctx.spec()["size"].as_i64().unwrap_or(0);
+                let bucket = if size >= 10 { "big" } else { "small" };
+                // It runs on every event of the widget: say only what changes.
+                let moved = ctx.memo.with(|last: &mut Option<&'static str>| {
+                    last.replace(bucket) != Some(bucket)
+                });
+                if moved {
+                    say.say(format!(
+                        "  [index] by_size: {} is {bucket} (size {size}); handlers read ctx.index(\"by_size\").",
+                        ctx.name()
+                    ));
+                }
+                let name = ctx.name().to_string();
+                async move { Ok(json!({ bucket: name })) }
+            }
+        })
         // Daemons and timers: tasks per object, for as long as it exists (and matches).
         .daemon(
             widgets.clone(),
@@ -312,8 +333,9 @@ pub fn operator(narrator: &Narrator) -> Operator {
                         t.0 += 1;
                         t.0
                     });
+                    let big = ctx.index("by_size").map_or(0, |index| index.get(Some("big")).len());
                     say.say(format!(
-                        "  [timer] tick: {} has size {} (call {ticks}, every second; result in status.tick).",
+                        "  [timer] tick: {} has size {} (call {ticks}, every second; result in status.tick; {big} big widget(s) in the index by_size).",
                         ctx.name(),
                         show(ctx.spec().get("size"))
                     ));
@@ -417,7 +439,11 @@ pub async fn play(say: &Narrator) -> anyhow::Result<()> {
     say.say("Step 5. Resize demo: 3 -> 12.");
     resize(&widgets, "demo", 12).await?;
     say.until("[update] grow: demo grew to 12", 1).await?;
+    say.until("[index] by_size: demo is big (size 12)", 1)
+        .await?;
     say.until("[timer] tick: demo has size 12", 1).await?;
+    // The timer runs beside the cycle that updates the index: a tick may come just before.
+    say.until("1 big widget(s) in the index by_size", 1).await?;
 
     say.say(format!(
         "Step 6. Ask http://127.0.0.1:{health_port}/healthz, as a liveness probe would."

@@ -1283,9 +1283,16 @@ async fn the_tour_fires_every_kind_of_handler_with_its_filters_and_errors() {
         "[daemon]",
         "[timer]",
         "[probe]",
+        "[index]",
     ] {
         assert!(count(kind) > 0, "no {kind} in:\n{said}");
     }
+    // The index follows demo's size, and the timer reads it.
+    assert!(
+        count("[index] by_size: demo is small (size 1)") >= 1,
+        "{said}"
+    );
+    assert!(count("1 big widget(s) in the index by_size") >= 1, "{said}");
     // Errors: a temporary one is retried, a permanent one is not (not even after the restart).
     assert_eq!(count("flaky: demo, attempt 1 fails"), 1, "{said}");
     assert_eq!(count("flaky: demo, attempt 2 succeeds"), 1, "{said}");

@@ -39,11 +39,13 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use jiff::Timestamp;
+use kactor_reactor::cache::Caches;
 use kactor_reactor::daemons::{
     Cancellation, Live, SpawningKind, StopReason, Stopped, Stopper, Timer,
 };
 use kactor_reactor::execution::{execute_once, Invocation};
 use kactor_reactor::handlers::{Attempt, Ctx, Memo, ResourceHandlers, Spawning, SpawningHandler};
+use kactor_reactor::indexes::Indexes;
 use kactor_reactor::observe::Observer;
 use kactor_reactor::patches::{self, Applied, ApplyError, Changes, Patch};
 use kactor_reactor::posting::EventPoster;
@@ -125,6 +127,10 @@ pub struct DaemonEnv {
     pub runtime: Handle,
     /// The daemon and timer tasks in flight.
     pub tracker: Arc<Tracker>,
+    /// The shared caches handlers read (`ctx.cache`).
+    pub caches: Option<Caches>,
+    /// The indexes handlers read (`ctx.index`).
+    pub indexes: Option<Indexes>,
 }
 
 /// What a daemon's or timer's task tells its owner.
@@ -487,7 +493,7 @@ impl Job {
 
     fn ctx(&self, patch: &Patch) -> Ctx {
         let live = self.live.borrow().clone();
-        Ctx::new(
+        let ctx = Ctx::new(
             live.event_type,
             live.body,
             self.memo.clone(),
@@ -497,7 +503,15 @@ impl Job {
         )
         .with_patch(patch.clone())
         .with_events(self.env.poster.clone())
-        .with_daemon(self.stopped.clone(), self.live.clone())
+        .with_daemon(self.stopped.clone(), self.live.clone());
+        let ctx = match &self.env.caches {
+            Some(caches) => ctx.with_caches(caches.clone()),
+            None => ctx,
+        };
+        match &self.env.indexes {
+            Some(indexes) => ctx.with_indexes(indexes.clone()),
+            None => ctx,
+        }
     }
 
     async fn run(self) {

@@ -488,6 +488,8 @@ impl Actor for ResourceSupervisor {
                 label: self.resource_label.clone(),
                 runtime: config.runtime.clone(),
                 tracker: config.daemon_tracker.clone(),
+                caches: config.caches.clone(),
+                indexes: config.indexes.clone(),
             })
         });
         let processor = Processor::new(

@@ -188,6 +188,8 @@ impl Harness {
             label: Arc::from("widgets.v1.example.com"),
             runtime: tokio::runtime::Handle::current(),
             tracker: tracker.clone(),
+            caches: None,
+            indexes: None,
         });
         let (sender, reports) = mpsc::unbounded_channel();
         let daemons = ObjectDaemons::new(
