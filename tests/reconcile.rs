@@ -453,3 +453,44 @@ async fn a_kopf_style_handler_of_owned_objects_hears_of_each_change_in_its_owner
     );
     running.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_changed_during_a_pause_is_reconciled_after_the_resume() {
+    let (cluster, widgets) = cluster_with_widgets().await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(cluster.client(), "default");
+    let operator = operator(&cluster).on_reconcile(
+        WIDGETS,
+        Reconcile::id("own").owns("configmaps"),
+        |ctx: Ctx| async move {
+            let cache = ctx.cache("configmaps")?;
+            if cache.get(ctx.namespace(), ctx.name()).is_none() {
+                let made = Api::<ConfigMap>::namespaced(ctx.client(), "default")
+                    .create(&PostParams::default(), &config_map_of(&ctx)?)
+                    .await?;
+                cache.remember(serde_json::from_value(serde_json::to_value(made)?)?);
+            }
+            Ok(Action::await_change())
+        },
+    );
+    let switch = operator.pause_switch();
+    let running = spawn(operator);
+    create_widget(&widgets, "w1", 1).await;
+    let first = eventually_get(&config_maps, "w1").await;
+    // Paused (as by a peer of higher priority): the widget does not change, its child goes.
+    switch.set("test", Some("a pause".into()));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    config_maps
+        .delete("w1", &DeleteParams::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        config_maps.get_opt("w1").await.unwrap().is_none(),
+        "nothing is done while paused"
+    );
+    // Resumed: the listing brings the unchanged widget back for the change it missed.
+    switch.set("test", None);
+    let again = eventually_get(&config_maps, "w1").await;
+    assert_ne!(again.uid(), first.uid());
+    running.stop().await;
+}

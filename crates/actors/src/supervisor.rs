@@ -11,8 +11,9 @@
 //! its record and in the resource's shared cache ([`Store`]), applied before the event is routed
 //! (a handler never reads a cache older than its trigger). Triggers from related objects come as
 //! [`Poke`]s, by owner uid or by name, and go to the object's worker like an event (a worker is
-//! started for them with the record's body if none runs); they are dropped while paused (the
-//! listing after the resume brings every object back).
+//! started for them with the record's body if none runs); while paused, they are kept with the
+//! object's record and go with its first event after the resume (the listing dispatches it even
+//! if it did not change).
 //!
 //! **Guarantees**
 //! * After a relist (410 Gone), an object whose resourceVersion did not change since it was last seen
@@ -42,7 +43,7 @@ use kactor_reactor::processing::{ObjectMemory, Processor};
 use kactor_reactor::resources::Resource;
 use kactor_reactor::settings::Settings;
 use kactor_reactor::stopping::StopReason;
-use kactor_reactor::triggers::{Related, Trigger};
+use kactor_reactor::triggers::{Related, Trigger, Triggers};
 use kactor_reactor::watching::{EventType, WatchError, WatchItem, WatchStatus, Watcher};
 use kube::api::{Api, DynamicObject, ObjectMeta};
 use tokio::runtime::Handle;
@@ -197,6 +198,9 @@ struct Record {
     worker: Option<Addr<ObjectWorker>>,
     /// The newest body, for resources with reconcile handlers: a trigger may need a worker.
     body: Option<Arc<DynamicObject>>,
+    /// Triggers that came while paused: they go with the object's next event (the listing after
+    /// the resume dispatches it).
+    paused_triggers: Option<Box<Triggers>>,
 }
 
 /// The actor of one watched (resource, namespace).
@@ -301,6 +305,7 @@ impl ResourceSupervisor {
             held: None,
             worker: None,
             body: None,
+            paused_triggers: None,
         });
         record.rv = rv;
         record.sent += 1;
@@ -308,7 +313,10 @@ impl ResourceSupervisor {
         if self.store.is_some() {
             record.body = Some(body.clone());
         }
-        let deliver = Deliver::event(event_type, body, record.sent, received);
+        let mut deliver = Deliver::event(event_type, body, record.sent, received);
+        if let Some(triggers) = record.paused_triggers.take() {
+            deliver.triggers = *triggers;
+        }
         self.dispatch(key, deliver);
     }
 
@@ -679,10 +687,6 @@ impl Handler<Poke> for ResourceSupervisor {
     type Result = ();
 
     fn handle(&mut self, poke: Poke, _: &mut Context<Self>) {
-        if self.watch.is_none() {
-            // Paused: the listing after the resume brings every object back.
-            return;
-        }
         let uid = poke.uid.or_else(|| {
             let cache = self.store.as_ref()?.cache();
             let object = cache.get(poke.namespace.as_deref(), &poke.name)?;
@@ -696,6 +700,16 @@ impl Handler<Poke> for ResourceSupervisor {
             // Not seen yet: its first event runs its reconcile handlers anyway.
             return;
         };
+        if self.watch.is_none() {
+            // Paused: kept for the object's next event, which the listing after the resume brings
+            // (as an interrupted object, even if it did not change).
+            record
+                .paused_triggers
+                .get_or_insert_with(Default::default)
+                .add(Trigger::Related(poke.related));
+            record.interrupted = true;
+            return;
+        }
         let Some(body) = record.body.clone() else {
             return;
         };
