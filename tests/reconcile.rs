@@ -36,16 +36,17 @@ fn config_map_of(ctx: &Ctx) -> Result<ConfigMap, HandlerError> {
     Ok(config_map)
 }
 
-/// Polls `check` every 25 ms until it holds, for at most [`WAIT`].
-async fn eventually(what: &str, check: impl Fn() -> bool) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !check() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
+/// The reconcile handler of the owning tests: the widget's ConfigMap is made if the cache has
+/// none, and the answer kept in the cache (our own write, read back before the watch brings it).
+async fn ensure_config_map(ctx: Ctx) -> Result<Action, HandlerError> {
+    let cache = ctx.cache("configmaps")?;
+    if cache.get(ctx.namespace(), ctx.name()).is_none() {
+        let made = Api::<ConfigMap>::namespaced(ctx.client(), "default")
+            .create(&PostParams::default(), &config_map_of(&ctx)?)
+            .await?;
+        cache.remember(serde_json::from_value(serde_json::to_value(made)?)?);
     }
+    Ok(Action::await_change())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -63,14 +64,7 @@ async fn an_owned_object_deleted_by_hand_is_made_again_by_its_owner() {
                 seen.lock()
                     .unwrap()
                     .extend(ctx.triggers().related.iter().map(ToString::to_string));
-                let cache = ctx.cache("configmaps")?;
-                if cache.get(ctx.namespace(), ctx.name()).is_none() {
-                    let made = Api::<ConfigMap>::namespaced(ctx.client(), "default")
-                        .create(&PostParams::default(), &config_map_of(&ctx)?)
-                        .await?;
-                    cache.remember(serde_json::from_value(serde_json::to_value(made)?)?);
-                }
-                Ok(Action::await_change())
+                ensure_config_map(ctx).await
             }
         },
     );
@@ -461,16 +455,7 @@ async fn a_child_changed_during_a_pause_is_reconciled_after_the_resume() {
     let operator = operator(&cluster).on_reconcile(
         WIDGETS,
         Reconcile::id("own").owns("configmaps"),
-        |ctx: Ctx| async move {
-            let cache = ctx.cache("configmaps")?;
-            if cache.get(ctx.namespace(), ctx.name()).is_none() {
-                let made = Api::<ConfigMap>::namespaced(ctx.client(), "default")
-                    .create(&PostParams::default(), &config_map_of(&ctx)?)
-                    .await?;
-                cache.remember(serde_json::from_value(serde_json::to_value(made)?)?);
-            }
-            Ok(Action::await_change())
-        },
+        ensure_config_map,
     );
     let switch = operator.pause_switch();
     let running = spawn(operator);

@@ -173,3 +173,15 @@ pub async fn until_answer(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Polls `check` every 25 ms until it holds, for at most [`WAIT`].
+pub async fn eventually(what: &str, check: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !check() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
