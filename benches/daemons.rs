@@ -80,11 +80,6 @@ fn count_requests(logs: bool) {
         .try_init();
 }
 
-fn requests_since(before: support::Requests) -> support::Requests {
-    let now = support::requests_now();
-    std::array::from_fn(|kind| now[kind] - before[kind])
-}
-
 fn describe_requests(requests: support::Requests, objects: usize) -> String {
     let total: u64 = requests.iter().sum();
     let kinds: Vec<String> = support::KINDS
@@ -431,7 +426,7 @@ async fn until_started(running: &Running, observer: &Observer, count: usize, wha
     );
     println!(
         "  requests served from the start until then (discovery and the listing included; finalizer patches still in flight not): {}",
-        describe_requests(requests_since(requests), count)
+        describe_requests(support::requests_since(requests), count)
     );
 }
 
@@ -505,7 +500,7 @@ async fn timers(emulator_runtime: &Runtime, objects: usize, window: Duration) {
     let cpu = CpuUsed::between(&cpu_before, &cpu_now());
     let lateness =
         Distribution::between(&lateness_before, &LATENESS.snapshot(), LATENESS.take_max());
-    let requests = requests_since(requests);
+    let requests = support::requests_since(requests);
     let per_object: Vec<u32> = calls
         .iter()
         .zip(&per_object_before)

@@ -48,6 +48,7 @@ mod support;
 use support::widgets::{
     detect, emulator_with_widgets, populate, write_all, write_missing, HANDLER,
 };
+use support::Running;
 
 #[global_allocator]
 static ALLOCATOR: support::Counting = support::Counting;
@@ -115,33 +116,6 @@ impl fmt::Display for Contender {
     }
 }
 
-/// A running contender, and how to stop it.
-enum Running {
-    Task(tokio::task::JoinHandle<()>),
-    Operator(
-        oneshot::Sender<()>,
-        tokio::task::JoinHandle<kactor::Result<()>>,
-    ),
-}
-
-impl Running {
-    async fn stop(self) {
-        match self {
-            Running::Task(task) => {
-                task.abort();
-                let _ = task.await;
-            }
-            Running::Operator(stop, task) => {
-                let _ = stop.send(());
-                match tokio::time::timeout(Duration::from_secs(60), task).await {
-                    Ok(ended) => ended.expect("the operator task").expect("the operator"),
-                    Err(_) => println!("  (the operator did not stop within 60 s)"),
-                }
-            }
-        }
-    }
-}
-
 fn bare_loop(api: Api<DynamicObject>, concurrency: usize) -> Running {
     Running::Task(tokio::spawn(async move {
         write_all(&api, concurrency, || {}).await;
@@ -196,11 +170,7 @@ fn kactor(emulator: &Emulator, loggers: bool) -> Running {
         .on_create("widgets.example.com", HANDLER, |_ctx: Ctx| async move {
             Ok::<_, HandlerError>(json!({"message": "hello"}))
         });
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(operator.run_until(async {
-        let _ = stopped.await;
-    }));
-    Running::Operator(stop, task)
+    Running::operator(operator)
 }
 
 // ---- One measurement -----------------------------------------------------------------------------
@@ -224,28 +194,12 @@ struct Figures {
     written: (Value, Value),
 }
 
-/// Waits until the process is idle (under a tenth of a core for 100 ms, at most 10 s): the previous
-/// contender's emulator frees its objects and history after its last connection closes, and that
-/// must not be counted against the next contender.
-async fn settle() {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut before = cpu_seconds();
-    while Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let now = cpu_seconds();
-        if now - before < 0.01 {
-            return;
-        }
-        before = now;
-    }
-}
-
 async fn measure(contender: Contender, objects: usize) -> Figures {
-    settle().await;
+    support::settle().await;
     let (emulator, widgets) = new_emulator(objects).await;
     let detector = detect(widgets.clone(), objects);
     detector.listed.await.expect("the completion watcher lists");
-    settle().await;
+    support::settle().await;
     let (requests_before, heap_before) = (support::requests_now(), support::live_bytes());
 
     RECONCILE_ERRORS.store(0, Ordering::Relaxed);

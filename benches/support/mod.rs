@@ -1,11 +1,14 @@
 //! What the benchmarks share: a heap-counting allocator, the count of requests the emulator served,
-//! and the number of open files.
+//! the number of open files, waiting for the process to be idle, and a contender running in it.
 
 // Each benchmark is its own crate and uses only part of this.
 #![allow(dead_code)]
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
 
 use tracing_subscriber::Layer;
 
@@ -104,6 +107,12 @@ pub fn requests_now() -> Requests {
     std::array::from_fn(|kind| REQUESTS[kind].load(Ordering::Relaxed))
 }
 
+/// Requests served since `before` (an earlier [`requests_now`]).
+pub fn requests_since(before: Requests) -> Requests {
+    let now = requests_now();
+    std::array::from_fn(|kind| now[kind] - before[kind])
+}
+
 /// Files this process has open (each loopback connection holds two: the client's and the
 /// emulator's).
 pub fn open_files() -> usize {
@@ -142,4 +151,59 @@ pub fn parse_stat(stat: &str) -> Option<(String, f64)> {
         .sum();
     // USER_HZ: 100 clock ticks per second on Linux.
     Some((name, ticks as f64 / 100.0))
+}
+
+/// Waits until the process is idle (under a tenth of a core for 100 ms, at most 10 s): the previous
+/// contender's emulator frees its objects and history after its last connection closes, and that
+/// must not be counted against the next contender.
+pub async fn settle() {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut before = cpu_seconds_of("self");
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = cpu_seconds_of("self");
+        if now - before < 0.01 {
+            return;
+        }
+        before = now;
+    }
+}
+
+/// A contender running in the benchmark's process, and how to stop it.
+pub enum Running {
+    /// A task (a bare loop, a `Controller`): aborted.
+    Task(tokio::task::JoinHandle<()>),
+    /// A kactor operator (`run_until`): told to stop, and awaited.
+    Operator(
+        oneshot::Sender<()>,
+        tokio::task::JoinHandle<kactor::Result<()>>,
+    ),
+}
+
+impl Running {
+    /// Runs `operator` until [`Running::stop`].
+    pub fn operator(operator: kactor::Operator) -> Running {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(operator.run_until(async {
+            let _ = stopped.await;
+        }));
+        Running::Operator(stop, task)
+    }
+
+    /// Stops it; an operator gets 60 s.
+    pub async fn stop(self) {
+        match self {
+            Running::Task(task) => {
+                task.abort();
+                let _ = task.await;
+            }
+            Running::Operator(stop, task) => {
+                let _ = stop.send(());
+                match tokio::time::timeout(Duration::from_secs(60), task).await {
+                    Ok(ended) => ended.expect("the operator task").expect("the operator"),
+                    Err(_) => println!("  (the operator did not stop within 60 s)"),
+                }
+            }
+        }
+    }
 }

@@ -128,7 +128,18 @@ pub struct Detector {
     pub finished: Arc<AtomicUsize>,
 }
 
+/// A [`Detector`] of widgets carrying both writes ([`is_done`]).
 pub fn detect(api: Api<DynamicObject>, expected: usize) -> Detector {
+    detect_when(api, expected, is_done)
+}
+
+/// A [`Detector`] of the objects of `api`: an object is finished once `finishes` says so of one of
+/// its versions (it is told every version, in order, the listed ones first).
+pub fn detect_when(
+    api: Api<DynamicObject>,
+    expected: usize,
+    mut finishes: impl FnMut(&DynamicObject) -> bool + Send + 'static,
+) -> Detector {
     let (ready, listed) = oneshot::channel();
     let finished = Arc::new(AtomicUsize::new(0));
     let counter = finished.clone();
@@ -145,13 +156,13 @@ pub fn detect(api: Api<DynamicObject>, expected: usize) -> Detector {
                         let _ = ready.send(());
                     }
                 }
-                Ok(Some(watcher::Event::InitApply(object) | watcher::Event::Apply(object)))
-                    if is_done(&object) =>
-                {
-                    names.insert(object.metadata.name.unwrap_or_default());
-                    counter.store(names.len(), Ordering::Relaxed);
-                    if names.len() >= expected {
-                        return Instant::now();
+                Ok(Some(watcher::Event::InitApply(object) | watcher::Event::Apply(object))) => {
+                    if finishes(&object) {
+                        names.insert(object.metadata.name.unwrap_or_default());
+                        counter.store(names.len(), Ordering::Relaxed);
+                        if names.len() >= expected {
+                            return Instant::now();
+                        }
                     }
                 }
                 Ok(Some(_)) | Err(_) => {}
