@@ -108,10 +108,16 @@ pub fn label_of(resource: &Resource, namespace: Option<&str>) -> String {
     }
 }
 
-/// One batch from the watch stream.
+/// One batch from the watch stream, with its place among those waiting to be routed (given back
+/// when the batch is dropped, routed or not).
 #[derive(Message)]
 #[rtype(result = "()")]
-struct Batch(Vec<WatchItem>, Instant, u64);
+struct Batch(
+    Vec<WatchItem>,
+    Instant,
+    u64,
+    tokio::sync::OwnedSemaphorePermit,
+);
 
 /// The watch stream ended for good.
 #[derive(Message)]
@@ -405,25 +411,27 @@ impl ResourceSupervisor {
         let address = ctx.address();
         tracing::debug!(supervisor = %self.label, "watching");
         self.watch = Some(config.runtime.spawn(async move {
-            // Up to IN_FLIGHT batches are routed while the next page is fetched and decoded; beyond
-            // that the stream waits for the supervisor (backpressure, not an unbounded backlog).
-            let mut in_flight = std::collections::VecDeque::new();
+            // Up to IN_FLIGHT batches wait to be routed while the next page is fetched and decoded;
+            // beyond that the stream waits for the supervisor (backpressure, not an unbounded
+            // backlog). Each batch is queued at once and in order: `do_send` never parks a message,
+            // where `send` parks it when the mailbox is full (triggers of related kinds fill it),
+            // to be delivered only when its future is polled again, which a stream waiting for its
+            // next event never does: a listing's last page could wait for good, or be overtaken.
+            let permits = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
             loop {
                 match watcher.next_batch().await {
                     Ok(batch) => {
-                        in_flight.push_back(address.send(Batch(batch, Instant::now(), generation)));
-                        if in_flight.len() >= IN_FLIGHT {
-                            if let Some(oldest) = in_flight.pop_front() {
-                                if oldest.await.is_err() {
-                                    return;
-                                }
-                            }
+                        let Ok(permit) = permits.clone().acquire_owned().await else {
+                            return;
+                        };
+                        if !address.connected() {
+                            return;
                         }
+                        address.do_send(Batch(batch, Instant::now(), generation, permit));
                     }
                     Err(error) => {
-                        for pending in in_flight.drain(..) {
-                            let _ = pending.await;
-                        }
+                        // Told after every batch before it was routed (their permits are back).
+                        let _ = permits.acquire_many(IN_FLIGHT as u32).await;
                         address.do_send(WatchEnded(error, generation));
                         return;
                     }
@@ -564,7 +572,11 @@ impl Actor for ResourceSupervisor {
 impl Handler<Batch> for ResourceSupervisor {
     type Result = ();
 
-    fn handle(&mut self, Batch(items, received, generation): Batch, _: &mut Context<Self>) {
+    fn handle(
+        &mut self,
+        Batch(items, received, generation, _routing): Batch,
+        _: &mut Context<Self>,
+    ) {
         if generation != self.generation || self.watch.is_none() {
             // From a stream stopped by a pause: the listing after the resume sees it all anew.
             return;
