@@ -68,7 +68,7 @@ use crate::clients::observe::{NoObserver, Observer};
 use crate::clients::patches::{self, ApplyError, Patch, PatchFn};
 use crate::clients::posting::EventPoster;
 use crate::intents::handlers::{
-    Attempt, ChangingHandler, Ctx, ErrorsMode, IndexHandler, Memo, ResourceHandlers,
+    Attempt, ChangingHandler, Ctx, ErrorsMode, HandlerFn, IndexHandler, Memo, ResourceHandlers,
 };
 use crate::intents::indexes::Indexes;
 use crate::intents::reconcile::{Action, ReconcileHandler};
@@ -790,31 +790,15 @@ impl Processor {
             Some(timeout) => with_timeout(handler.func.clone(), timeout),
             None => handler.func.clone(),
         };
-        let invocation = Invocation {
-            id: &options.id,
-            func: &func,
-            errors: ErrorsMode::Temporary,
-            backoff: self.settings.queueing.reconcile_delay(state.failures + 1),
-            timeout: None,
-            retries: None,
-            post_events: false,
-            resource: &self.label,
-            observer: &*self.observer,
-            active: true,
-        };
-        let ctx = base
-            .clone()
-            .with_triggers(triggers.clone())
-            .with_attempt(Attempt::plain(
-                &options.id,
-                options.param.clone(),
-                state.failures,
-            ));
-        let Ok(_permit) = self.limiter.acquire().await else {
+        let backoff = self.settings.queueing.reconcile_delay(state.failures + 1);
+        let ctx = base.clone().with_triggers(triggers.clone());
+        let attempt = Attempt::plain(&options.id, options.param.clone(), state.failures);
+        let Some((outcome, verdict)) = self
+            .run_plain(&func, ErrorsMode::Temporary, backoff, ctx, attempt)
+            .await
+        else {
             return;
         };
-        let (outcome, verdict) =
-            execute_once(&invocation, ctx, state.failures, Duration::ZERO).await;
         let now = Instant::now();
         state.last = Some(base.body.clone());
         match (verdict, outcome.delay) {
@@ -969,23 +953,16 @@ impl Processor {
         let backoff = handler
             .backoff
             .unwrap_or(self.settings.execution.default_backoff);
-        let invocation = Invocation {
-            id: &handler.id,
-            func: &handler.func,
-            errors: handler.errors,
-            backoff,
-            timeout: None,
-            retries: None,
-            post_events: false,
-            resource: &self.label,
-            observer: &*self.observer,
-            active: true,
-        };
-        let ctx = base
-            .clone()
-            .with_attempt(Attempt::plain(&handler.id, handler.param.clone(), 0));
-        let _permit = self.limiter.acquire().await.ok()?;
-        let (outcome, _) = execute_once(&invocation, ctx, 0, Duration::ZERO).await;
+        let attempt = Attempt::plain(&handler.id, handler.param.clone(), 0);
+        let (outcome, _) = self
+            .run_plain(
+                &handler.func,
+                handler.errors,
+                backoff,
+                base.clone(),
+                attempt,
+            )
+            .await?;
         let until = match (outcome.error, outcome.delay) {
             (None, _) => return outcome.result,
             (Some(_), Some(delay)) => Some(Instant::now() + delay),
@@ -998,30 +975,60 @@ impl Processor {
         None
     }
 
+    /// One attempt of a handler that keeps no progress (event, index and reconcile handlers),
+    /// under the handlers' limit: its outcome, or None when the limit is closed (at exit).
+    async fn run_plain(
+        &self,
+        func: &HandlerFn,
+        errors: ErrorsMode,
+        backoff: Duration,
+        ctx: Ctx,
+        attempt: Attempt,
+    ) -> Option<(Outcome, Verdict)> {
+        let id = attempt.id.clone();
+        let retry = attempt.retry;
+        let invocation = Invocation {
+            id: &id,
+            func,
+            errors,
+            backoff,
+            timeout: None,
+            retries: None,
+            post_events: false,
+            resource: &self.label,
+            observer: &*self.observer,
+            active: true,
+        };
+        let _permit = self.limiter.acquire().await.ok()?;
+        Some(
+            execute_once(
+                &invocation,
+                ctx.with_attempt(attempt),
+                retry,
+                Duration::ZERO,
+            )
+            .await,
+        )
+    }
+
     async fn run_event_handlers(&self, base: &Ctx) {
         for handler in &self.handlers.event {
             if !handler.filters.matches(base, false) {
                 continue;
             }
-            let invocation = Invocation {
-                id: &handler.id,
-                func: &handler.func,
-                errors: ErrorsMode::Ignored,
-                backoff: Duration::ZERO,
-                timeout: None,
-                retries: None,
-                post_events: false,
-                resource: &self.label,
-                observer: &*self.observer,
-                active: true,
-            };
-            let ctx =
-                base.clone()
-                    .with_attempt(Attempt::plain(&handler.id, handler.param.clone(), 0));
-            let Ok(_permit) = self.limiter.acquire().await else {
+            let attempt = Attempt::plain(&handler.id, handler.param.clone(), 0);
+            let ran = self
+                .run_plain(
+                    &handler.func,
+                    ErrorsMode::Ignored,
+                    Duration::ZERO,
+                    base.clone(),
+                    attempt,
+                )
+                .await;
+            let Some((outcome, _)) = ran else {
                 return;
             };
-            let (outcome, _) = execute_once(&invocation, ctx, 0, Duration::ZERO).await;
             deliver_result(base.patch(), &handler.id, &outcome);
         }
     }
