@@ -99,6 +99,58 @@ async fn an_owned_object_deleted_by_hand_is_made_again_by_its_owner() {
     running.stop().await;
 }
 
+/// The watch event of a child the handler made and remembered (`Cache::remember`) is its own
+/// write coming back: it triggers no run; a change made by someone else does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_echo_of_a_remembered_write_triggers_nothing_and_a_change_by_another_does() {
+    let (cluster, widgets) = cluster_with_widgets().await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(cluster.client(), "default");
+    let runs: Arc<Mutex<Vec<Vec<String>>>> = Arc::default();
+    let seen = runs.clone();
+    let operator = operator(&cluster).on_reconcile(
+        WIDGETS,
+        Reconcile::id("own").owns("configmaps"),
+        move |ctx: Ctx| {
+            let seen = seen.clone();
+            async move {
+                let triggers = ctx.triggers().related.iter().map(ToString::to_string);
+                seen.lock().unwrap().push(triggers.collect());
+                ensure_config_map(ctx).await
+            }
+        },
+    );
+    let running = spawn(operator);
+    create_widget(&widgets, "w1", 1).await;
+    eventually_get(&config_maps, "w1").await;
+    // Another writer labels the child: that is a change the owner must hear of.
+    let label = json!({"metadata": {"labels": {"touched": "by-hand"}}});
+    config_maps
+        .patch("w1", &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .unwrap();
+    eventually("the owner told of the other writer's change", || {
+        runs.lock()
+            .unwrap()
+            .iter()
+            .flatten()
+            .any(|t| t == "configmaps.v1 default/w1 modified")
+    })
+    .await;
+    // Its own child's creation (the event came before the label's, in the same stream) never
+    // made a run of its own, nor joined that one.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let runs = runs.lock().unwrap().clone();
+    assert_eq!(
+        runs,
+        [
+            vec![],
+            vec!["configmaps.v1 default/w1 modified".to_string()]
+        ],
+        "one run for the widget, one for the other writer's change"
+    );
+    running.stop().await;
+}
+
 async fn eventually_get(config_maps: &Api<ConfigMap>, name: &str) -> ConfigMap {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {

@@ -13,6 +13,9 @@
 //! * The initial listing fills the store without triggering anything (the reconciled objects are
 //!   listed too, and run then); a relist (410 Gone, a reconnect) triggers for the objects that
 //!   changed or vanished during the gap, as their events would have.
+//! * An event bringing a version the store already holds triggers nothing: it is the echo of a
+//!   write a handler remembered ([`Cache::remember`](kactor_reactor::cache::Cache::remember)),
+//!   which that handler knows (controller-runtime's "expectations", without the bookkeeping).
 //! * Nothing is routed to a paused supervisor's workers (the supervisor drops it; the listing after
 //!   the resume brings every object back).
 //! * The stream's health is on the watch board (`/healthz`, `/readyz`), as the supervisors' are.
@@ -158,8 +161,12 @@ impl RelatedWatch {
                     }
                     WatchItem::Event(event_type, object) => {
                         let object = self.kept(object);
-                        self.config.store.apply(event_type, &object);
-                        self.route(&object, event_type);
+                        let changed = self.config.store.apply(event_type, &object);
+                        // A version the cache held already is the echo of a write a handler
+                        // remembered: that handler knows it, and nobody else changed anything.
+                        if changed || event_type == EventType::Deleted {
+                            self.route(&object, event_type);
+                        }
                     }
                 }
             }
@@ -186,6 +193,7 @@ impl RelatedWatch {
             name,
             event,
             owned: false,
+            version: object.metadata.resource_version.clone(),
         };
         let directory = self
             .config

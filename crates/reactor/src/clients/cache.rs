@@ -71,6 +71,9 @@ struct Entry {
     object: Arc<DynamicObject>,
     bytes: usize,
     owners: Vec<Arc<str>>,
+    /// This version is a write of ours, as the server answered it ([`Cache::remember`]); a
+    /// newer version from the watch clears it.
+    ours: bool,
 }
 
 impl Store {
@@ -93,8 +96,9 @@ impl Store {
     }
 
     /// Applies one event of a watch stream: an object listed, added or modified is kept, a deleted
-    /// one removed. Returns whether the store changed (a listed object it held at the same version
-    /// did not change it).
+    /// one removed. Returns whether the store changed: an object it already held at the same
+    /// version did not change it (a relist, or the event of a write of ours that a handler
+    /// remembered, [`Cache::remember`]).
     pub fn apply(&self, event_type: EventType, object: &Arc<DynamicObject>) -> bool {
         let Some(key) = key_of(object) else {
             return false;
@@ -122,8 +126,13 @@ impl Store {
                 changed
             }
             EventType::Added | EventType::Modified => {
-                state.insert(key, object.clone());
-                true
+                // The same version already held: the echo of a write of ours, remembered from
+                // the server's answer (or a repeated event).
+                let changed = held.as_ref() != Some(&object.metadata.resource_version);
+                if changed {
+                    state.insert(key, object.clone());
+                }
+                changed
             }
         };
         if changed {
@@ -232,6 +241,7 @@ impl State {
                 object,
                 bytes,
                 owners,
+                ours: false,
             },
         );
     }
@@ -353,16 +363,22 @@ impl Cache {
             return false;
         };
         let mut state = self.store.write();
-        let newer = state.objects.get(&key).is_some_and(|held| {
-            !is_newer(
-                object.metadata.resource_version.as_deref(),
-                held.object.metadata.resource_version.as_deref(),
-            )
-        });
-        if newer {
-            return false;
+        if let Some(held) = state.objects.get_mut(&key) {
+            let version = object.metadata.resource_version.as_deref();
+            let held_version = held.object.metadata.resource_version.as_deref();
+            if version.is_some() && version == held_version {
+                // The watch brought this very write first: it is ours all the same.
+                held.ours = true;
+                return false;
+            }
+            if !is_newer(version, held_version) {
+                return false;
+            }
         }
-        state.insert(key, Arc::new(object));
+        state.insert(key.clone(), Arc::new(object));
+        if let Some(entry) = state.objects.get_mut(&key) {
+            entry.ours = true;
+        }
         self.store.report(&state);
         true
     }
@@ -404,6 +420,30 @@ impl Caches {
         let store = Store::new(resource.clone(), observer.clone());
         stores.push(store.clone());
         store
+    }
+
+    /// Whether `version` of this object is the newest the cache of `resource` holds, and a write
+    /// of ours that a handler remembered ([`Cache::remember`]): its event is not news to the
+    /// operator.
+    pub fn ours(
+        &self,
+        resource: &Resource,
+        namespace: Option<&str>,
+        name: &str,
+        version: &str,
+    ) -> bool {
+        let stores = self
+            .stores
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(store) = stores.iter().find(|s| **s.resource() == *resource) else {
+            return false;
+        };
+        let key = (namespace.map(String::from), name.to_string());
+        let ours = store.read().objects.get(&key).is_some_and(|e| {
+            e.ours && e.object.metadata.resource_version.as_deref() == Some(version)
+        });
+        ours
     }
 
     /// The cache of the resource `selector` names.
@@ -651,5 +691,26 @@ mod tests {
         assert_eq!(*sizes.0.lock().unwrap(), (1, one));
         store.apply(EventType::Deleted, &p1);
         assert_eq!(*sizes.0.lock().unwrap(), (0, 0));
+    }
+    #[test]
+    fn a_remembered_write_is_ours_until_a_newer_version_comes() {
+        let caches = Caches::default();
+        let store = caches.store(&pods(), &(Arc::new(NoObserver) as Arc<dyn Observer>));
+        let cache = store.cache();
+        let ours = |rv: &str| caches.ours(&pods(), Some("a"), "p1", rv);
+        // Remembered first: the watch's event of the same version changes nothing (no trigger).
+        assert!(cache.remember((*pod("a", "p1", "5", None, "web")).clone()));
+        assert!(ours("5"));
+        assert!(!store.apply(EventType::Added, &pod("a", "p1", "5", None, "web")));
+        assert!(ours("5"));
+        // Someone else's change: newer, not ours.
+        assert!(store.apply(EventType::Modified, &pod("a", "p1", "6", None, "web")));
+        assert!(!ours("6") && !ours("5"));
+        // The watch first, then the handler remembers the same version: ours all the same.
+        assert!(store.apply(EventType::Modified, &pod("a", "p1", "7", None, "web")));
+        assert!(!ours("7"));
+        assert!(!cache.remember((*pod("a", "p1", "7", None, "web")).clone()));
+        assert!(ours("7"));
+        assert!(!caches.ours(&pods(), Some("a"), "p2", "7"), "not held");
     }
 }

@@ -27,6 +27,8 @@ pub struct Related {
     /// It names the reconciled object as its owner (`owns`), rather than being mapped to it by a
     /// watch (`watches`).
     pub owned: bool,
+    /// The resourceVersion the event brought (None for a deletion found by a relist).
+    pub version: Option<String>,
 }
 
 impl fmt::Display for Related {
@@ -130,6 +132,7 @@ mod tests {
             name: name.into(),
             event,
             owned: true,
+            version: None,
         })
     }
 
