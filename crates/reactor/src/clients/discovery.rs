@@ -419,10 +419,20 @@ impl Selector {
     /// assert_eq!(resource.to_string(), "widgets.v1.example.com");
     /// ```
     pub fn resolve<'a>(&self, resources: &'a [Resource]) -> Result<&'a Resource, ResolveError> {
-        let mut matches: Vec<&Resource> = resources
-            .iter()
-            .filter(|r| self.matches(r) && (self.version.is_some() || r.preferred))
-            .collect();
+        let mut matches: Vec<&Resource> = resources.iter().filter(|r| self.matches(r)).collect();
+        if self.version.is_none() {
+            // Each resource in its preferred version; one its group does not serve in the group's
+            // preferred version (another kind of the group moved on to v2) in the versions it has,
+            // as Kopf selects.
+            let preferred: Vec<(&str, &str)> = matches
+                .iter()
+                .filter(|r| r.preferred)
+                .map(|r| (r.group.as_str(), r.plural.as_str()))
+                .collect();
+            matches.retain(|r| {
+                r.preferred || !preferred.contains(&(r.group.as_str(), r.plural.as_str()))
+            });
+        }
         if matches.iter().any(|r| r.group.is_empty()) {
             matches.retain(|r| r.group.is_empty());
         }
@@ -506,6 +516,33 @@ mod tests {
                 .version,
             "v1"
         );
+    }
+
+    #[test]
+    fn a_kind_its_group_serves_only_outside_the_preferred_version_resolves_there() {
+        // Gadgets moved the group on to v2; widgets are served in v1 only.
+        let served = vec![
+            resource("example.com", "v1", "widgets", "Widget", false),
+            resource("example.com", "v1", "gadgets", "Gadget", false),
+            resource("example.com", "v2", "gadgets", "Gadget", true),
+        ];
+        assert_eq!(
+            resolve("widgets.example.com", &served).unwrap().version,
+            "v1"
+        );
+        assert_eq!(
+            resolve("gadgets.example.com", &served).unwrap().version,
+            "v2"
+        );
+        // Two versions and none preferred: which one is the user's to say.
+        let two = vec![
+            resource("example.com", "v1", "widgets", "Widget", false),
+            resource("example.com", "v2", "widgets", "Widget", false),
+        ];
+        assert!(matches!(
+            resolve("widgets", &two),
+            Err(ResolveError::Ambiguous { .. })
+        ));
     }
 
     #[test]

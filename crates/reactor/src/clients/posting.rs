@@ -589,19 +589,7 @@ mod tests {
     use super::*;
 
     fn widgets() -> Resource {
-        Resource {
-            group: "example.com".into(),
-            version: "v1".into(),
-            plural: "widgets".into(),
-            kind: "Widget".into(),
-            singular: "widget".into(),
-            short_names: vec![],
-            categories: vec![],
-            namespaced: true,
-            preferred: true,
-            verbs: vec![],
-            subresources: vec![],
-        }
+        Resource::namespaced("example.com", "v1", "Widget", "widgets")
     }
 
     fn widget_ref() -> ObjectRef {

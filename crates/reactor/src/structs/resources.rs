@@ -40,6 +40,24 @@ pub struct Resource {
 }
 
 impl Resource {
+    /// A namespaced resource known without discovery (tests, tools): the preferred version of its
+    /// group, its singular the lowercase kind, no short names, categories, verbs or subresources.
+    pub fn namespaced(group: &str, version: &str, kind: &str, plural: &str) -> Self {
+        Resource {
+            group: group.to_string(),
+            version: version.to_string(),
+            plural: plural.to_string(),
+            kind: kind.to_string(),
+            singular: kind.to_lowercase(),
+            short_names: vec![],
+            categories: vec![],
+            namespaced: true,
+            preferred: true,
+            verbs: vec![],
+            subresources: vec![],
+        }
+    }
+
     /// `group/version`, or `version` for the core group.
     pub fn api_version(&self) -> String {
         if self.group.is_empty() {
@@ -87,7 +105,8 @@ impl fmt::Display for Resource {
 pub struct Selector {
     /// The group, when given (`Some("")` is the core group).
     pub group: Option<String>,
-    /// The version, when given; without one, only preferred versions match.
+    /// The version, when given; without one, each resource in its preferred version (or, for a
+    /// kind not served in its group's preferred version, in the versions it has).
     pub version: Option<String>,
     /// A name to match against plural, kind, singular or short names (or exactly the plural when
     /// `group` and `version` both come from the user, as in `("example.com", "v1", "widgets")`).
@@ -366,19 +385,7 @@ mod key_tests {
     use super::*;
 
     fn resource() -> Resource {
-        Resource {
-            group: "example.com".into(),
-            version: "v1".into(),
-            plural: "widgets".into(),
-            kind: "Widget".into(),
-            singular: "widget".into(),
-            short_names: vec![],
-            categories: vec![],
-            namespaced: true,
-            preferred: true,
-            verbs: vec![],
-            subresources: vec![],
-        }
+        Resource::namespaced("example.com", "v1", "Widget", "widgets")
     }
 
     #[test]
