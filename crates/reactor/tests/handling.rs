@@ -987,6 +987,7 @@ mod emulator_only {
                 name: "w1".into(),
                 event: EventType::Deleted,
                 owned: true,
+                version: None,
             })
         };
         // Of a kind the handler does not own: not its trigger.
@@ -1059,6 +1060,7 @@ mod emulator_only {
             name: "w1".into(),
             event: EventType::Modified,
             owned: true,
+            version: Some("1".into()),
         }));
         assert_eq!(h.triggered(triggers).await.wake, Some(MS(5)));
         tokio::time::advance(MS(5)).await;
@@ -1068,5 +1070,253 @@ mod emulator_only {
             script.runs(),
             ["0 0 false false", "0 1 false false", "1 1 true false"]
         );
+    }
+    /// A create handler with two sub-handlers, `a` and `b`; `b` fails temporarily (7 s) at
+    /// its first attempt. Each records what it saw.
+    fn with_subhandlers(seen: &Seen) -> ChangingHandler {
+        let seen = seen.clone();
+        let func = handler_fn(move |ctx: Ctx| {
+            seen.push(&ctx);
+            for id in ["a", "b"] {
+                let seen = seen.clone();
+                ctx.subhandler(id, move |ctx: Ctx| {
+                    seen.push(&ctx);
+                    async move {
+                        if ctx.id() == "create_fn/b" && ctx.retry() == 0 {
+                            return Err(HandlerError::temporary("not yet", Duration::from_secs(7)));
+                        }
+                        Ok(json!({"item": ctx.id()}))
+                    }
+                });
+            }
+            async move { Ok(json!({"items": 2})) }
+        });
+        ChangingHandler::register(
+            Selector::parse(WIDGETS),
+            On::id("create_fn"),
+            Some(Reason::Create),
+            func,
+        )
+    }
+
+    fn record(object: &DynamicObject, id: &str) -> Value {
+        let key = format!("kopf.zalando.org/{}", id.replace('/', "."));
+        let text = annotation(object, &key).unwrap_or_else(|| panic!("no record {key}"));
+        serde_json::from_str(text).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sub_handlers_run_one_per_cycle_and_their_parent_finishes_after_the_last() {
+        let seen = Seen::default();
+        let mut handling = Handling::new(vec![with_subhandlers(&seen)]).await;
+        handling.create_widget(1).await;
+        let created = format!("create -->{}", essence(1));
+
+        // The first cycle: the parent registers both; the lifecycle runs `a`.
+        handling.cycle(EventType::Added).await;
+        assert_eq!(
+            seen.take(),
+            [
+                format!("create_fn create 0 -->{}", essence(1)),
+                format!("create_fn/a {created}").replacen("create -", "create 0 -", 1),
+            ]
+        );
+        let object = handling.get().await.unwrap();
+        // Kopf's records: the parent unfinished, due at once, with the children's ids.
+        assert_eq!(
+            record(&object, "create_fn"),
+            json!({
+                "started": "2027-01-15T08:00:00.000000+00:00",
+                "delayed": "2027-01-15T08:00:00.000000+00:00",
+                "purpose": "create",
+                "retries": 1,
+                "success": false,
+                "failure": false,
+                "message": "None",
+                "subrefs": ["create_fn/a", "create_fn/b"],
+            })
+        );
+        let a = record(&object, "create_fn/a");
+        assert_eq!(
+            (a["success"].clone(), a["retries"].clone()),
+            (json!(true), json!(1))
+        );
+        let b = record(&object, "create_fn/b");
+        assert_eq!(
+            (b["success"].clone(), b["retries"].clone()),
+            (json!(false), json!(0))
+        );
+        assert_eq!(
+            object.data["status"]["create_fn/a"],
+            json!({"item": "create_fn/a"})
+        );
+        assert!(object.data["status"].get("create_fn").is_none());
+        assert_eq!(stored(&object, DIFF_BASE), None, "the cause is not done");
+
+        // The second: `a` is done and not run again; `b` fails for 7 s, and so waits its parent.
+        let cycle = handling.cycle(EventType::Modified).await;
+        assert_eq!(
+            seen.take(),
+            [
+                format!("create_fn create 1 -->{}", essence(1)),
+                format!("create_fn/b create 0 -->{}", essence(1)),
+            ]
+        );
+        assert_eq!(cycle.next, Next::Idle, "its own patch's event comes first");
+        let object = handling.get().await.unwrap();
+        assert_eq!(
+            record(&object, "create_fn")["delayed"],
+            "2027-01-15T08:00:07.000000+00:00"
+        );
+        let cycle = handling.cycle(EventType::Modified).await;
+        assert_eq!(cycle.next, Next::RetryAfter(Duration::from_secs(7)));
+        assert!(seen.take().is_empty(), "nothing is due yet");
+
+        // After the delay: `b` succeeds, so does the parent; every record is purged.
+        tokio::time::advance(Duration::from_secs(7)).await;
+        handling.cycle(EventType::Modified).await;
+        assert_eq!(
+            seen.take(),
+            [
+                format!("create_fn create 2 -->{}", essence(1)),
+                format!("create_fn/b create 1 -->{}", essence(1)),
+            ]
+        );
+        let object = handling.get().await.unwrap();
+        assert!(
+            progress_keys(&object).is_empty(),
+            "{:?}",
+            progress_keys(&object)
+        );
+        assert_eq!(object.data["status"]["create_fn"], json!({"items": 2}));
+        assert_eq!(
+            object.data["status"]["create_fn/b"],
+            json!({"item": "create_fn/b"})
+        );
+        assert_eq!(stored(&object, DIFF_BASE), Some(essence(1)));
+        assert_eq!(handling.settle().await, Cycle::default());
+        assert!(seen.take().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sub_handlers_nest_and_every_ancestor_lists_their_ids() {
+        let seen = Seen::default();
+        let inner = seen.clone();
+        let func = handler_fn(move |ctx: Ctx| {
+            inner.push(&ctx);
+            let seen = inner.clone();
+            ctx.subhandler("child", move |ctx: Ctx| {
+                seen.push(&ctx);
+                let seen = seen.clone();
+                async move {
+                    let leaf = seen.clone();
+                    ctx.subhandler("leaf", move |ctx: Ctx| {
+                        leaf.push(&ctx);
+                        async move {
+                            if ctx.retry() == 0 {
+                                return Err(HandlerError::temporary("once", Duration::ZERO));
+                            }
+                            Ok(())
+                        }
+                    });
+                    // Explicitly: the parent's code after it runs only once they are done.
+                    ctx.execute().await?;
+                    seen.0.lock().unwrap().push("child after its leaf".into());
+                    Ok(())
+                }
+            });
+            async move { Ok(()) }
+        });
+        let parent = ChangingHandler::register(
+            Selector::parse(WIDGETS),
+            On::id("create_fn"),
+            Some(Reason::Create),
+            func,
+        );
+        let mut handling = Handling::new(vec![parent]).await;
+        handling.create_widget(1).await;
+        handling.cycle(EventType::Added).await;
+        let object = handling.get().await.unwrap();
+        assert_eq!(
+            record(&object, "create_fn")["subrefs"],
+            json!(["create_fn/child", "create_fn/child/leaf"])
+        );
+        assert_eq!(
+            record(&object, "create_fn/child")["subrefs"],
+            json!(["create_fn/child/leaf"])
+        );
+        assert_eq!(record(&object, "create_fn/child/leaf")["retries"], json!(1));
+        handling.settle().await;
+        let ids: Vec<String> = seen
+            .take()
+            .into_iter()
+            .map(|line| line.split(' ').take(2).collect::<Vec<_>>().join(" "))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                "create_fn create",
+                "create_fn/child create",
+                "create_fn/child/leaf create",
+                "create_fn create",
+                "create_fn/child create",
+                "create_fn/child/leaf create",
+                "child after",
+            ]
+        );
+        let object = handling.get().await.unwrap();
+        assert!(
+            progress_keys(&object).is_empty(),
+            "{:?}",
+            progress_keys(&object)
+        );
+        assert_eq!(stored(&object, DIFF_BASE), Some(essence(1)));
+    }
+    #[tokio::test(start_paused = true)]
+    async fn a_sub_handler_whose_filters_do_not_match_neither_runs_nor_holds_its_parent() {
+        let seen = Seen::default();
+        let inner = seen.clone();
+        let func = handler_fn(move |ctx: Ctx| {
+            inner.push(&ctx);
+            let (matching, other) = (inner.clone(), inner.clone());
+            ctx.subhandler(On::id("matching").label("app", "demo"), move |ctx: Ctx| {
+                matching.push(&ctx);
+                async move { Ok(()) }
+            });
+            ctx.subhandler(On::id("other").when(|_| false), move |ctx: Ctx| {
+                other.push(&ctx);
+                async move { Ok(()) }
+            });
+            // The same id again is refused: the first registration runs, once.
+            ctx.subhandler("matching", |_| async {
+                if true {
+                    panic!("a second registration must not run");
+                }
+                Ok(())
+            });
+            async move { Ok(()) }
+        });
+        let parent = ChangingHandler::register(
+            Selector::parse(WIDGETS),
+            On::id("create_fn"),
+            Some(Reason::Create),
+            func,
+        );
+        let mut handling = Handling::new(vec![parent]).await;
+        handling.create_widget(1).await;
+        handling.cycle(EventType::Added).await;
+        let ids: Vec<String> = seen
+            .take()
+            .into_iter()
+            .map(|line| line.split(' ').next().unwrap().to_string())
+            .collect();
+        assert_eq!(ids, ["create_fn", "create_fn/matching"]);
+        let object = handling.get().await.unwrap();
+        assert!(
+            progress_keys(&object).is_empty(),
+            "{:?}",
+            progress_keys(&object)
+        );
+        assert_eq!(stored(&object, DIFF_BASE), Some(essence(1)));
     }
 }

@@ -22,6 +22,7 @@ use tokio::time::Instant;
 
 use crate::clients::observe::{ActiveHandler, HandlerRun, Observer};
 use crate::intents::context::{Ctx, ErrorsMode, HandlerError, HandlerFn};
+use crate::intents::subhandlers::{self, CHILDREN_RETRY_MESSAGE};
 use crate::storage::progression::Outcome;
 pub use crate::structs::names::Verdict;
 
@@ -114,7 +115,11 @@ async fn attempt(
         }
     };
     let judged = judge(handler, &title, result, attempts, runtime);
-    report(judged.verdict != Verdict::Success, &judged.text);
+    match judged.verdict {
+        // Not a failure: the handler runs again when its earliest sub-handler is due.
+        Verdict::Unfinished => tracing::debug!(handler = handler.id, "{}", judged.text),
+        verdict => report(verdict != Verdict::Success, &judged.text),
+    }
     (judged.outcome, judged.verdict)
 }
 
@@ -142,7 +147,18 @@ async fn invoke(
     ctx: Ctx,
     runtime: Duration,
 ) -> Result<Result<serde_json::Value, HandlerError>, String> {
-    let call = AssertUnwindSafe((handler.func)(ctx)).catch_unwind();
+    // Sub-handlers registered and not executed by the handler are executed once it returns
+    // (Kopf's implicit `kopf.execute()`), within its attempt: its timeout and panic catching.
+    let parent = subhandlers::current().map(|sub| (sub, ctx.clone()));
+    let call = (handler.func)(ctx);
+    let call = async move {
+        let value = call.await?;
+        match parent {
+            Some((sub, parent)) if !sub.executed() => parent.execute().await.map(|()| value),
+            _ => Ok(value),
+        }
+    };
+    let call = AssertUnwindSafe(call).catch_unwind();
     let result = match handler.timeout {
         Some(timeout) => tokio::time::timeout(timeout - runtime, call)
             .await
@@ -194,7 +210,7 @@ fn judge(
         final_: false,
         error: Some(message),
         delay: Some(delay),
-        result: None,
+        ..Outcome::default()
     };
     match result {
         Ok(value) => {
@@ -215,6 +231,17 @@ fn judge(
                 judged(retry(message, delay), Verdict::Temporary, text)
             }
         },
+        Err(HandlerError::ChildrenRetry { delay }) => {
+            // Kopf's `HandlerChildrenRetry`: no look-ahead; the record's message is its text.
+            let outcome = Outcome {
+                final_: false,
+                error: Some(CHILDREN_RETRY_MESSAGE.to_string()),
+                delay: Some(delay),
+                ..Outcome::default()
+            };
+            let text = format!("{title} has unfinished sub-handlers. Will retry soon.");
+            judged(outcome, Verdict::Unfinished, text)
+        }
         Err(HandlerError::Permanent(message)) => {
             let text = format!("{title} failed permanently: {message}");
             judged(failed_for_good(message), Verdict::Permanent, text)
@@ -259,8 +286,7 @@ fn failed_for_good(message: String) -> Outcome {
     Outcome {
         final_: true,
         error: Some(message),
-        delay: None,
-        result: None,
+        ..Outcome::default()
     }
 }
 
@@ -300,19 +326,12 @@ mod tests {
             EventType::Added,
             Arc::new(serde_json::from_value(json!({"metadata": {"name": "a"}})).unwrap()),
             Memo::default(),
-            Arc::new(Resource {
-                group: "example.com".into(),
-                version: "v1".into(),
-                plural: "widgets".into(),
-                kind: "Widget".into(),
-                singular: "widget".into(),
-                short_names: vec![],
-                categories: vec![],
-                namespaced: true,
-                preferred: true,
-                verbs: vec![],
-                subresources: vec![],
-            }),
+            Arc::new(Resource::namespaced(
+                "example.com",
+                "v1",
+                "Widget",
+                "widgets",
+            )),
             Arc::new(client),
             std::time::Instant::now(),
         )
@@ -421,5 +440,41 @@ mod tests {
         assert_eq!(verdict, Verdict::Timeout);
         assert!(outcome.final_);
         assert!(outcome.error.unwrap().contains("timed out"));
+    }
+    #[tokio::test]
+    async fn unfinished_sub_handlers_are_neither_final_nor_a_failure() {
+        let func = handler_fn(|_| async {
+            Err::<(), _>(HandlerError::ChildrenRetry {
+                delay: Duration::from_secs(5),
+            })
+        });
+        let mut inv = invocation(&func);
+        // No look-ahead: the parent's next attempt would be one too many, yet it is not final.
+        inv.retries = Some(1);
+        let (outcome, verdict) = execute_once(&inv, ctx(), 0, Duration::ZERO).await;
+        assert_eq!(verdict, Verdict::Unfinished);
+        assert!(!outcome.final_);
+        assert_eq!(outcome.delay, Some(Duration::from_secs(5)));
+        assert_eq!(
+            outcome.error.as_deref(),
+            Some("None"),
+            "Kopf's stored message"
+        );
+    }
+
+    #[tokio::test]
+    async fn sub_handlers_outside_a_changing_handler_are_refused() {
+        let ctx = ctx();
+        ctx.subhandler("a", |_| async {
+            if true {
+                panic!("must not be called");
+            }
+            Ok(())
+        });
+        let error = ctx.execute().await.unwrap_err();
+        assert!(
+            error.to_string().contains("only inside changing handlers"),
+            "{error}"
+        );
     }
 }

@@ -53,9 +53,11 @@
 //!   memory, with a Warning event, so the object is still handled once per change.
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
+use futures::FutureExt;
 use jiff::Timestamp;
 use kube::api::DynamicObject;
 use serde_json::{json, Value};
@@ -68,10 +70,12 @@ use crate::clients::observe::{NoObserver, Observer};
 use crate::clients::patches::{self, ApplyError, Patch, PatchFn};
 use crate::clients::posting::EventPoster;
 use crate::intents::handlers::{
-    Attempt, ChangingHandler, Ctx, ErrorsMode, HandlerFn, IndexHandler, Memo, ResourceHandlers,
+    Attempt, ChangingHandler, Ctx, ErrorsMode, HandlerError, HandlerFn, IndexHandler, Memo,
+    ResourceHandlers,
 };
 use crate::intents::indexes::Indexes;
 use crate::intents::reconcile::{Action, ReconcileHandler};
+use crate::intents::subhandlers::{self, SubRunner, Subhandling, Subrefs};
 use crate::storage::diffbase::DiffBaseStorage;
 use crate::storage::progress::ProgressStorage;
 use crate::storage::progression::{Outcome, State};
@@ -83,7 +87,7 @@ use crate::structs::names::EventType;
 use crate::structs::names::Verdict;
 use crate::structs::resources::{object_key, Resource};
 use crate::structs::settings::Settings;
-use crate::structs::triggers::Triggers;
+use crate::structs::triggers::{Related, Triggers};
 
 /// The longest a cycle sleeps for a delayed handler before touching the object anyway (Kopf's
 /// `WAITING_KEEPALIVE_INTERVAL`: 10 minutes).
@@ -116,6 +120,18 @@ pub struct Processor {
     clock: Clock,
     caches: Option<Caches>,
     indexes: Option<Indexes>,
+    /// Runs changing handlers and sub-handlers (made on first use, after the builder methods).
+    steps: OnceLock<Arc<Steps>>,
+}
+
+/// What runs the due changing handlers of one cause, top-level or sub-handlers (one step of their
+/// lifecycle), with what it needs of the processor.
+struct Steps {
+    settings: Arc<Settings>,
+    label: Arc<str>,
+    observer: Arc<dyn Observer>,
+    progress: ProgressStorage,
+    clock: Clock,
 }
 
 /// Where processing reads the wall-clock time it stores on objects (when handlers started, until
@@ -441,6 +457,7 @@ impl Processor {
             clock: Clock::System,
             caches: None,
             indexes: None,
+            steps: OnceLock::new(),
         }
     }
 
@@ -748,7 +765,24 @@ impl Processor {
             if cleaning && state.cleaned {
                 continue;
             }
-            let mine = triggers_for(handler, triggers, state.retry.take());
+            let mine = triggers_for(handler, triggers, state.retry.take(), |related| {
+                // The event of an owned object brought a version of our own writing that the
+                // handler remembered, and nothing newer came: the echo of its own write, not news
+                // (here when the watch was quicker than the handler's remembering; else the
+                // stream did not route it at all). A change by someone else in between is a newer
+                // version, and runs the handler.
+                let (Some(caches), Some(version)) = (&self.caches, &related.version) else {
+                    return false;
+                };
+                related.owned
+                    && related.event != EventType::Deleted
+                    && caches.ours(
+                        &related.resource,
+                        related.namespace.as_deref(),
+                        &related.name,
+                        version,
+                    )
+            });
             let related = !mine.related.is_empty() || mine.overflowed;
             let changed = !handler.options.related_only
                 && changed(handler, state.last.as_deref(), &base.body);
@@ -1121,8 +1155,18 @@ impl Processor {
             ctx.patch().merge(merge);
             return progress;
         }
-        let outcomes = self
-            .run_due_handlers(ctx, cause, &handlers, &state, now)
+        let steps = self.steps();
+        let runner: Arc<dyn SubRunner> = steps.clone();
+        let outcomes = steps
+            .run_due(
+                &runner,
+                ctx,
+                &handlers,
+                &state,
+                now,
+                Some(&self.limiter),
+                &[],
+            )
             .await;
         let finished_at = self.clock.now();
         state = state.with_outcomes(outcomes.iter().map(|(id, o)| (id.as_str(), o)), finished_at);
@@ -1142,8 +1186,13 @@ impl Processor {
                 counts.failure
             );
             if !(reason == Reason::Delete && daemons_running) {
-                state.purge(&body, &self.progress, owned.iter().copied(), &mut merge);
-                self.diffbase.clear_cause_base(&body, &mut merge);
+                // In the cycle's patch: it holds the records sub-handlers wrote in this very
+                // cycle, which are dropped from it (Kopf's purge of what is not on the body yet).
+                ctx.patch().merge(std::mem::take(&mut merge));
+                ctx.patch().edit(|patch| {
+                    state.purge(&body, &self.progress, owned.iter().copied(), patch);
+                    self.diffbase.clear_cause_base(&body, patch);
+                });
             }
             progress.done = true;
         } else {
@@ -1219,56 +1268,17 @@ impl Processor {
         (state, merge)
     }
 
-    /// The handlers that are due (awakened), in the order the lifecycle picks, each once: their
-    /// outcomes by id.
-    async fn run_due_handlers(
-        &self,
-        ctx: &Ctx,
-        cause: &ChangingCause,
-        handlers: &[&ChangingHandler],
-        state: &State,
-        now: Timestamp,
-    ) -> Vec<(String, Outcome)> {
-        let awakened: Vec<&ChangingHandler> = handlers
-            .iter()
-            .copied()
-            .filter(|h| state.get(&h.id).is_some_and(|s| s.awakened(now)))
-            .collect();
-        let retries: Vec<u32> = awakened
-            .iter()
-            .map(|h| state.get(&h.id).map_or(0, |s| s.retries))
-            .collect();
-        let mut outcomes = Vec::new();
-        for index in self.settings.execution.lifecycle.plan(&retries) {
-            let handler = awakened[index];
-            let Some(handler_state) = state.get(&handler.id) else {
-                continue;
-            };
-            let (attempts, runtime) = (handler_state.retries, handler_state.runtime(now));
-            let attempt = attempt_for(handler, cause, attempts, runtime, handler_state.started);
-            let invocation = Invocation {
-                id: &handler.id,
-                func: &handler.func,
-                errors: handler.options.errors.unwrap_or_default(),
-                backoff: handler
-                    .options
-                    .backoff
-                    .unwrap_or(self.settings.execution.default_backoff),
-                timeout: handler.options.timeout,
-                retries: handler.options.retries,
-                post_events: true,
-                resource: &self.label,
-                observer: &*self.observer,
-                active: true,
-            };
-            let Ok(_permit) = self.limiter.acquire().await else {
-                break;
-            };
-            let ctx = ctx.clone().with_attempt(attempt);
-            let (outcome, _) = execute_once(&invocation, ctx, attempts, runtime).await;
-            outcomes.push((handler.id.clone(), outcome));
-        }
-        outcomes
+    /// What runs the due changing handlers and their sub-handlers.
+    fn steps(&self) -> &Arc<Steps> {
+        self.steps.get_or_init(|| {
+            Arc::new(Steps {
+                settings: self.settings.clone(),
+                label: self.label.clone(),
+                observer: self.observer.clone(),
+                progress: self.progress.clone(),
+                clock: self.clock,
+            })
+        })
     }
 
     fn store_diff_base(&self, ctx: &Ctx, essence: &Value, memory: &mut ObjectMemory) {
@@ -1303,6 +1313,137 @@ impl Processor {
                 memory.oversized_diff_base = Some(essence.clone());
             }
         }
+    }
+}
+
+impl Steps {
+    /// The handlers that are due (awakened), in the order the lifecycle picks, each once: their
+    /// outcomes by id. Top-level handlers take a slot of `limiter` each; sub-handlers run in
+    /// their parent's (`None`). Each attempt may register sub-handlers: their ids, at any depth,
+    /// go to its outcome's `subrefs`, and to each of `ancestors`.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_due(
+        &self,
+        runner: &Arc<dyn SubRunner>,
+        ctx: &Ctx,
+        handlers: &[&ChangingHandler],
+        state: &State,
+        now: Timestamp,
+        limiter: Option<&Semaphore>,
+        ancestors: &[Subrefs],
+    ) -> Vec<(String, Outcome)> {
+        let Some(cause) = ctx.cause() else {
+            return Vec::new();
+        };
+        let awakened: Vec<&ChangingHandler> = handlers
+            .iter()
+            .copied()
+            .filter(|h| state.get(&h.id).is_some_and(|s| s.awakened(now)))
+            .collect();
+        let retries: Vec<u32> = awakened
+            .iter()
+            .map(|h| state.get(&h.id).map_or(0, |s| s.retries))
+            .collect();
+        let mut outcomes = Vec::new();
+        for index in self.settings.execution.lifecycle.plan(&retries) {
+            let handler = awakened[index];
+            let Some(handler_state) = state.get(&handler.id) else {
+                continue;
+            };
+            let (attempts, runtime) = (handler_state.retries, handler_state.runtime(now));
+            let attempt = attempt_for(handler, cause, attempts, runtime, handler_state.started);
+            let invocation = Invocation {
+                id: &handler.id,
+                func: &handler.func,
+                errors: handler.options.errors.unwrap_or_default(),
+                backoff: handler
+                    .options
+                    .backoff
+                    .unwrap_or(self.settings.execution.default_backoff),
+                timeout: handler.options.timeout,
+                retries: handler.options.retries,
+                post_events: true,
+                resource: &self.label,
+                observer: &*self.observer,
+                active: true,
+            };
+            let _permit = match limiter {
+                Some(limiter) => match limiter.acquire().await {
+                    Ok(permit) => Some(permit),
+                    Err(_) => break,
+                },
+                None => None,
+            };
+            let own = Subrefs::default();
+            let mut lineage = ancestors.to_vec();
+            lineage.push(own.clone());
+            let sub = Arc::new(Subhandling::new(&handler.id, lineage, runner.clone()));
+            let ctx = ctx.clone().with_attempt(attempt);
+            let (mut outcome, _) =
+                subhandlers::scoped(sub, execute_once(&invocation, ctx, attempts, runtime)).await;
+            outcome.subrefs = own
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .cloned()
+                .collect();
+            outcomes.push((handler.id.clone(), outcome));
+        }
+        outcomes
+    }
+}
+
+impl SubRunner for Steps {
+    /// Kopf's `kopf.execute()`: the sub-handlers' records read from the object, the due ones run
+    /// once, their records and results added to the cycle's patch, their ids to every ancestor's
+    /// `subrefs`; unfinished ones make the parent retry when the earliest is due.
+    fn run<'a>(
+        &'a self,
+        runner: Arc<dyn SubRunner>,
+        ctx: &'a Ctx,
+        handlers: Vec<ChangingHandler>,
+        ancestors: Vec<Subrefs>,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        async move {
+            let Some(cause) = ctx.cause() else {
+                return Err(HandlerError::msg(
+                    "sub-handlers run only inside changing handlers (create, update, delete, resume, field)",
+                ));
+            };
+            let now = self.clock.now();
+            let owned = handlers.iter().map(|h| h.id.as_str());
+            let matching: Vec<&ChangingHandler> = handlers.iter().filter(|h| h.matches(ctx)).collect();
+            let state = State::from_storage(&ctx.body, &self.progress, owned, now)
+                .with_purpose(cause.reason.as_str(), [])
+                .with_handlers(matching.iter().map(|h| h.id.as_str()), now);
+            let outcomes = self
+                .run_due(&runner, ctx, &matching, &state, now, None, &ancestors)
+                .await;
+            let finished = self.clock.now();
+            let state =
+                state.with_outcomes(outcomes.iter().map(|(id, o)| (id.as_str(), o)), finished);
+            let mut merge = json!({});
+            state.store(&self.progress, &mut merge);
+            ctx.patch().merge(merge);
+            for (id, outcome) in &outcomes {
+                deliver_result(ctx.patch(), id, outcome);
+            }
+            for (id, _) in state.iter() {
+                for subrefs in &ancestors {
+                    subrefs
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(id.to_string());
+                }
+            }
+            if state.done() {
+                Ok(())
+            } else {
+                let delay = state.delays(finished).into_iter().min().unwrap_or_default();
+                Err(HandlerError::ChildrenRetry { delay })
+            }
+        }
+        .boxed()
     }
 }
 
@@ -1345,20 +1486,21 @@ fn seen_by_field_handlers(
     }
 }
 
-/// A hash of a JSON value (of its serialisation; keys are ordered).
 /// The triggers of this cycle that concern the handler (related kinds it owns or watches; a
-/// requeue), after those of its failed run if it is retried.
+/// requeue), after those of its failed run if it is retried; `echo` leaves out the changes that
+/// are only the operator's own writes coming back.
 fn triggers_for(
     handler: &ReconcileHandler,
     triggers: &Triggers,
     retry: Option<Triggers>,
+    echo: impl Fn(&Related) -> bool,
 ) -> Triggers {
     let mut mine = retry.unwrap_or_default();
     mine.absorb(Triggers {
         related: triggers
             .related
             .iter()
-            .filter(|r| handler.options.relates_to(&r.resource))
+            .filter(|r| handler.options.relates_to(&r.resource) && !echo(r))
             .cloned()
             .collect(),
         overflowed: triggers.overflowed,
@@ -1387,7 +1529,6 @@ fn with_timeout(
     func: crate::intents::handlers::HandlerFn,
     timeout: Duration,
 ) -> crate::intents::handlers::HandlerFn {
-    use futures::FutureExt;
     Arc::new(move |ctx| {
         let call = func(ctx);
         async move {
@@ -1404,6 +1545,7 @@ fn with_timeout(
     })
 }
 
+/// A hash of a JSON value (of its serialisation; keys are ordered).
 fn hash_of(value: &Value) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();

@@ -185,6 +185,18 @@ impl Patch {
         true
     }
 
+    /// Edits the merge patch so far as one JSON object (what the storages' `store` and `purge`
+    /// take).
+    pub fn edit<R>(&self, f: impl FnOnce(&mut Value) -> R) -> R {
+        let mut changes = self.lock();
+        let mut value = Value::Object(std::mem::take(&mut changes.merge));
+        let result = f(&mut value);
+        if let Value::Object(map) = value {
+            changes.merge = map;
+        }
+        result
+    }
+
     /// Takes the changes out, leaving the patch empty.
     pub fn take(&self) -> Changes {
         std::mem::take(&mut *self.lock())

@@ -46,6 +46,13 @@ pub enum HandlerError {
     Failed(Box<dyn std::error::Error + Send + Sync>),
     /// The handler panicked.
     Panicked(String),
+    /// The handler's sub-handlers are not all finished ([`Ctx::execute`]): it is invoked again
+    /// after `delay`, when the earliest is due (Kopf's `HandlerChildrenRetry`). Not a failure: it
+    /// is neither logged as an error nor posted.
+    ChildrenRetry {
+        /// Until the earliest unfinished sub-handler is due.
+        delay: Duration,
+    },
 }
 
 impl HandlerError {
@@ -84,6 +91,9 @@ impl fmt::Display for HandlerError {
             HandlerError::Permanent(message) => write!(f, "{message} (permanent)"),
             HandlerError::Failed(error) => write!(f, "{error}"),
             HandlerError::Panicked(message) => write!(f, "the handler panicked: {message}"),
+            HandlerError::ChildrenRetry { delay } => {
+                write!(f, "sub-handlers are unfinished (retry in {delay:?})")
+            }
         }
     }
 }

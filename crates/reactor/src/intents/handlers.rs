@@ -134,6 +134,24 @@ impl ChangingHandler {
         }
     }
 
+    /// A sub-handler, registered by a changing handler while it runs ([`Ctx::subhandler`]): any
+    /// cause of its parent, filtered by its own filters (a field filter checks the value, as for
+    /// a resume handler, not that the field changed).
+    pub fn sub(selector: Selector, on: On, func: HandlerFn) -> Self {
+        ChangingHandler {
+            id: on.id,
+            selector,
+            reason: None,
+            initial: false,
+            deleted: false,
+            requires_finalizer: false,
+            field_needs_change: false,
+            options: on.options,
+            filters: on.filters,
+            func,
+        }
+    }
+
     /// Whether this handler runs for this cause (Kopf's registry matching): the reason, the resume
     /// rules, then the filters.
     pub fn matches(&self, ctx: &Ctx) -> bool {
@@ -385,6 +403,12 @@ pub struct Registry {
     pub reconcile_handlers: Vec<ReconcileHandler>,
     /// Index handlers, in registration order.
     pub index_handlers: Vec<IndexHandler>,
+    /// Admission handlers (validating and mutating webhooks), in registration order. They are
+    /// served by the webhook server, not by watching.
+    pub admission_handlers: Vec<crate::intents::admission::AdmissionHandler>,
+    /// Conversions between versions of custom resources (a CRD conversion webhook), served by the
+    /// webhook server.
+    pub conversion_handlers: Vec<crate::intents::admission::ConversionHandler>,
     /// How related kinds' caches change objects before keeping them, by kind.
     pub cache_transforms: Vec<(Selector, crate::clients::cache::Transform)>,
     /// `on_startup` activities, run in order before anything is watched.

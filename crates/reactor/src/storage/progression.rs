@@ -31,6 +31,8 @@ pub struct Outcome {
     pub delay: Option<Duration>,
     /// What the handler returned (null: nothing to store).
     pub result: Option<Value>,
+    /// Its sub-handlers' ids, any depth (added to its record's).
+    pub subrefs: Vec<String>,
 }
 
 /// One handler's state.
@@ -146,10 +148,18 @@ impl HandlerState {
             success: outcome.final_ && outcome.error.is_none(),
             failure: outcome.final_ && outcome.error.is_some(),
             message: outcome.error.clone(),
-            subrefs: self.subrefs.clone(),
+            subrefs: union(&self.subrefs, &outcome.subrefs),
             origin: self.origin.clone(),
         }
     }
+}
+
+/// Sorted, without duplicates (Kopf's `sorted(set(a) | set(b))`).
+fn union(known: &[String], added: &[String]) -> Vec<String> {
+    let mut all: Vec<String> = known.iter().chain(added).cloned().collect();
+    all.sort();
+    all.dedup();
+    all
 }
 
 fn add(now: Timestamp, delay: Duration) -> Timestamp {
@@ -387,7 +397,7 @@ mod tests {
             final_: false,
             error: Some("not yet".into()),
             delay: Some(Duration::from_secs(30)),
-            result: None,
+            ..Outcome::default()
         };
         let state = state.with_outcomes([("a", &failed)], now());
         let a = state.get("a").unwrap();

@@ -74,19 +74,22 @@ pub enum Verdict {
     Ignored,
     /// It ran out of time or attempts.
     Timeout,
+    /// It ran, but its sub-handlers are not all finished: it runs again when the earliest is due.
+    Unfinished,
 }
 
 impl Verdict {
     /// Every verdict, in a fixed order.
-    pub const ALL: [Verdict; 5] = [
+    pub const ALL: [Verdict; 6] = [
         Verdict::Success,
         Verdict::Temporary,
         Verdict::Permanent,
         Verdict::Ignored,
         Verdict::Timeout,
+        Verdict::Unfinished,
     ];
 
-    /// The metric label: `success`, `temporary`, `permanent`, `ignored`, `timeout`.
+    /// The metric label: `success`, `temporary`, `permanent`, `ignored`, `timeout`, `unfinished`.
     pub fn as_str(self) -> &'static str {
         match self {
             Verdict::Success => "success",
@@ -94,6 +97,7 @@ impl Verdict {
             Verdict::Permanent => "permanent",
             Verdict::Ignored => "ignored",
             Verdict::Timeout => "timeout",
+            Verdict::Unfinished => "unfinished",
         }
     }
 }
