@@ -21,6 +21,12 @@ pub enum Error {
     /// A `--namespace` pattern is invalid.
     #[error("invalid namespace pattern: {0}")]
     Namespaces(#[from] PatternError),
+    /// Admission handlers are registered but no webhook server is set.
+    #[error("admission handlers ({0}) need a webhook server: set settings.admission.server (e.g. `s.admission.server = Some(Default::default())`)")]
+    NoWebhookServer(String),
+    /// The webhook server could not start, or its configurations could not be written.
+    #[error(transparent)]
+    Webhooks(#[from] kactor_webhooks::WebhookError),
     /// A startup activity failed.
     #[error("startup handler '{id}' failed: {message}; the operator does not start")]
     Startup {

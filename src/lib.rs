@@ -107,6 +107,16 @@ pub mod indexes {
     pub use kactor_reactor::indexes::{Index, IndexKey, NoIndex};
 }
 
+/// Admission webhooks ([`Operator::on_validate`], [`Operator::on_mutate`]): what their handlers
+/// are given and return, their options, and the webhook server's settings (`docs/admission.md`).
+pub mod admission {
+    pub use kactor_reactor::admission::{
+        Admission, AdmissionCtx, AdmissionError, AdmissionKind, Operation,
+    };
+    pub use kactor_reactor::settings::{AdmissionSettings, WebhookServer};
+    pub use kactor_webhooks::CONVERT_PATH;
+}
+
 /// Which objects and changes handlers are for.
 pub mod filters {
     pub use kactor_reactor::filters::{MetaCheck, MetaFilter, ValueCheck, ValueFilter, WhenFn};
@@ -202,6 +212,8 @@ pub mod docs {
     pub struct Actors;
     #[doc = include_str!("../docs/reconcile.md")]
     pub struct Reconcile;
+    #[doc = include_str!("../docs/admission.md")]
+    pub struct Admission;
     #[doc = include_str!("../docs/daemons-and-timers.md")]
     pub struct DaemonsAndTimers;
     #[doc = include_str!("../docs/peering-and-leader-election.md")]

@@ -31,6 +31,9 @@ use kactor_actors::tracker::Tracker;
 use kactor_health::{Check, HealthActor, HealthServer, HealthState, Metrics};
 use kactor_peering::lease::{LeaderElector, LeaseSettings};
 use kactor_peering::peering::{PeeringMode, PeeringSettings};
+use kactor_reactor::admission::{
+    admission_fn, Admission, AdmissionCtx, AdmissionError, AdmissionHandler, AdmissionKind,
+};
 use kactor_reactor::causes::Reason;
 use kactor_reactor::daemons::{Daemon, Timer};
 use kactor_reactor::discovery::{self, ResolveError};
@@ -53,6 +56,7 @@ use tokio::sync::Semaphore;
 use crate::error::{Error, Result};
 use crate::scope::{Scope, Served};
 
+mod admission;
 mod coordination;
 mod orchestra;
 mod run;
@@ -275,6 +279,133 @@ impl Operator {
             param: on.options.param,
             func: handler_fn(handler),
         });
+        self
+    }
+
+    /// Registers a validating admission handler (Kopf's `@kopf.on.validate`): the API server asks
+    /// it before it stores a change of `resource`, through the operator's webhook server
+    /// (`settings.admission.server`, required). `Ok` allows; [`AdmissionError::deny`] refuses with
+    /// a message and a code (any other error refuses with code 500); `ctx.warn(..)` adds a warning
+    /// the client is shown either way. See `docs/admission.md`.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// # use kactor::admission::{Admission, AdmissionCtx, AdmissionError, Operation};
+    /// # use std::sync::Arc;
+    /// let operator = Operator::new()
+    ///     .settings(|s| {
+    ///         s.admission.server = Some(Default::default());
+    ///         s.admission.managed = Some("auto.example.com".into());
+    ///     })
+    ///     .on_validate(
+    ///         "widgets.example.com",
+    ///         Admission::id("check-size").operations([Operation::Create, Operation::Update]),
+    ///         |ctx: Arc<AdmissionCtx>| async move {
+    ///             match ctx.spec()["size"].as_i64() {
+    ///                 Some(size) if size > 100 => Err(AdmissionError::deny("size is at most 100").code(400)),
+    ///                 Some(_) => Ok(()),
+    ///                 None => Err(AdmissionError::deny("spec.size is required").code(400)),
+    ///             }
+    ///         },
+    ///     );
+    /// ```
+    pub fn on_validate<S, A, F, Fut>(self, resource: S, admission: A, handler: F) -> Self
+    where
+        S: Into<Selector>,
+        A: Into<Admission>,
+        F: Fn(Arc<AdmissionCtx>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<(), AdmissionError>> + Send + 'static,
+    {
+        self.admission(AdmissionKind::Validating, resource, admission, handler)
+    }
+
+    /// Registers a mutating admission handler (Kopf's `@kopf.on.mutate`): as
+    /// [`Operator::on_validate`], and what it adds to `ctx.patch()` is applied to the object
+    /// before it is stored (answered as a JSON patch). It does not run for deletions unless
+    /// `DELETE` is its only operation.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// # use kactor::admission::AdmissionCtx;
+    /// # use std::sync::Arc;
+    /// let operator = Operator::new().on_mutate("widgets.example.com", "defaults", |ctx: Arc<AdmissionCtx>| async move {
+    ///     if ctx.spec().get("size").is_none() {
+    ///         ctx.patch().set(&["spec", "size"], json!(1));
+    ///     }
+    ///     Ok(())
+    /// });
+    /// ```
+    pub fn on_mutate<S, A, F, Fut>(self, resource: S, admission: A, handler: F) -> Self
+    where
+        S: Into<Selector>,
+        A: Into<Admission>,
+        F: Fn(Arc<AdmissionCtx>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<(), AdmissionError>> + Send + 'static,
+    {
+        self.admission(AdmissionKind::Mutating, resource, admission, handler)
+    }
+
+    fn admission<S, A, F, Fut>(
+        mut self,
+        kind: AdmissionKind,
+        resource: S,
+        admission: A,
+        f: F,
+    ) -> Self
+    where
+        S: Into<Selector>,
+        A: Into<Admission>,
+        F: Fn(Arc<AdmissionCtx>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<(), AdmissionError>> + Send + 'static,
+    {
+        self.registry.admission_handlers.push(AdmissionHandler {
+            kind,
+            selector: resource.into(),
+            admission: admission.into(),
+            func: admission_fn(f),
+        });
+        self
+    }
+
+    /// Registers a conversion of a custom resource from the version `from` to the version `to`
+    /// (a CRD conversion webhook, served by the operator's webhook server; controller-runtime
+    /// has them, Kopf does not). The function is typed: `From` and `To` are the two versions'
+    /// Rust types (or `serde_json::Value`). The API server asks for a conversion whenever a
+    /// client reads or writes another version than the stored one; kactor chains registered
+    /// conversions when no direct one exists, and keeps the object's metadata (only labels and
+    /// annotations may change). With `settings.admission.managed`, the CRD's `spec.conversion` is
+    /// pointed at the server. See `docs/admission.md`.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// let operator = Operator::new()
+    ///     .convert("widgets.example.com", "v1", "v2", |mut widget: serde_json::Value| {
+    ///         // v2 keeps the size under spec.dimensions.
+    ///         let size = widget["spec"]["size"].take();
+    ///         widget["spec"] = json!({"dimensions": {"size": size}});
+    ///         Ok(widget)
+    ///     })
+    ///     .convert("widgets.example.com", "v2", "v1", |mut widget: serde_json::Value| {
+    ///         let size = widget["spec"]["dimensions"]["size"].take();
+    ///         widget["spec"] = json!({"size": size});
+    ///         Ok(widget)
+    ///     });
+    /// ```
+    pub fn convert<S, From, To, F>(mut self, resource: S, from: &str, to: &str, f: F) -> Self
+    where
+        S: Into<Selector>,
+        From: serde::de::DeserializeOwned,
+        To: serde::Serialize,
+        F: Fn(From) -> std::result::Result<To, HandlerError> + Send + Sync + 'static,
+    {
+        self.registry
+            .conversion_handlers
+            .push(kactor_reactor::admission::ConversionHandler {
+                selector: resource.into(),
+                from: from.to_string(),
+                to: to.to_string(),
+                func: kactor_reactor::admission::convert_fn(f),
+            });
         self
     }
 
@@ -1040,6 +1171,18 @@ impl Operator {
             client: self.client.as_ref(),
             crds: &self.crds,
             extra: &self.permissions,
+            webhooks: (!self.registry.admission_handlers.is_empty())
+                .then_some(self.settings.admission.managed.as_deref())
+                .flatten(),
+            conversions: if self.settings.admission.managed.is_some() {
+                self.registry
+                    .conversion_handlers
+                    .iter()
+                    .map(|c| c.selector.clone())
+                    .collect()
+            } else {
+                Vec::new()
+            },
         }
     }
 }
@@ -1054,6 +1197,10 @@ pub(crate) struct Blueprint<'a> {
     pub(crate) client: Option<&'a kube::Client>,
     pub(crate) crds: &'a [CustomResourceDefinition],
     pub(crate) extra: &'a [Extra],
+    /// The managed webhook configurations' name, when there are admission handlers.
+    pub(crate) webhooks: Option<&'a str>,
+    /// The custom resources whose CRDs the operator points at its conversion webhook.
+    pub(crate) conversions: Vec<Selector>,
 }
 
 /// What the handlers do with their own clients, declared with [`Operator::permission`]: placed

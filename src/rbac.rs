@@ -196,6 +196,10 @@ struct Setup {
     lease: Option<(String, String)>,
     /// The handlers' own needs.
     extra: Vec<Extra>,
+    /// The managed webhook configurations' name, when there are admission handlers.
+    webhooks: Option<String>,
+    /// Whether the operator points CRDs at its conversion webhook.
+    conversions: bool,
 }
 
 impl Setup {
@@ -240,6 +244,8 @@ impl Setup {
             peering,
             lease,
             extra: blueprint.extra.to_vec(),
+            webhooks: blueprint.webhooks.map(String::from),
+            conversions: !blueprint.conversions.is_empty(),
         })
     }
 
@@ -377,6 +383,33 @@ impl Setup {
                     &why,
                 ));
             }
+        }
+        if let Some(name) = &self.webhooks {
+            for plural in [
+                "validatingwebhookconfigurations",
+                "mutatingwebhookconfigurations",
+            ] {
+                permissions.push(Permission::new(
+                    Place::Cluster,
+                    "admissionregistration.k8s.io",
+                    plural,
+                    &["get", "create", "patch", "delete"],
+                    &format!(
+                        "kactor keeps the webhook configuration `{name}` (settings.admission.managed) \
+                         pointed at its webhook server, and withdraws it at exit"
+                    ),
+                ));
+            }
+        }
+        if self.conversions {
+            permissions.push(Permission::new(
+                Place::Cluster,
+                "apiextensions.k8s.io",
+                "customresourcedefinitions",
+                &["get", "patch"],
+                "kactor points the CRDs it converts at its conversion webhook (spec.conversion, \
+                 with settings.admission.managed)",
+            ));
         }
         permissions.push(Permission::new(
             Place::Cluster,
@@ -1248,6 +1281,42 @@ mod tests {
 
     fn crd(value: Value) -> CustomResourceDefinition {
         serde_json::from_value(value).unwrap()
+    }
+
+    #[tokio::test]
+    async fn managed_webhooks_need_their_configurations_and_unmanaged_ones_nothing() {
+        let admitting = |managed: Option<&str>| {
+            let managed = managed.map(String::from);
+            widgets_operator()
+                .settings(move |s| s.admission.managed = managed.clone())
+                .on_validate(
+                    "widgets.example.com",
+                    "check",
+                    |_: std::sync::Arc<kactor_reactor::admission::AdmissionCtx>| async { Ok(()) },
+                )
+        };
+        let managed = rules(&derive(&admitting(Some("auto.example.com")), &["-A"]).await);
+        for plural in [
+            "validatingwebhookconfigurations",
+            "mutatingwebhookconfigurations",
+        ] {
+            let rule = format!(
+                r#"cluster "admissionregistration.k8s.io" {plural} get,create,patch,delete"#
+            );
+            assert!(managed.contains(&rule), "{managed:#?}");
+        }
+        let unmanaged = rules(&derive(&admitting(None), &["-A"]).await);
+        assert!(!unmanaged
+            .iter()
+            .any(|r| r.contains("admissionregistration")));
+        let converting = widgets_operator()
+            .settings(|s| s.admission.managed = Some("auto.example.com".into()))
+            .convert("widgets.example.com", "v1", "v2", |w: serde_json::Value| {
+                Ok(w)
+            });
+        let rules = rules(&derive(&converting, &["-A"]).await);
+        let rule = r#"cluster "apiextensions.k8s.io" customresourcedefinitions get,patch"#;
+        assert!(rules.contains(&rule.to_string()), "{rules:#?}");
     }
 
     #[tokio::test]

@@ -7,7 +7,13 @@
 //! cargo run --example memcached -- --reconcile       # the same, as the Operator SDK quickstart: one reconcile handler
 //! cargo run --example memcached -- crds | kubectl apply -f -
 //! cargo run --example memcached -- run -A --liveness http://0.0.0.0:8080/healthz   # against the cluster
+//! cargo run --example memcached -- run -A --webhook-host 127.0.0.1   # also validating sizes (at most 16)
 //! ```
+//!
+//! `--webhook-host` adds a validating admission webhook (`operator::validating`): the API server
+//! asks the operator before it stores a `Memcached`, and a size over 16 is refused. The host is
+//! where the API server reaches the operator: `127.0.0.1` when the API server runs on this
+//! machine, a Service's name in a cluster.
 //!
 //! The operator itself is in `operator.rs` (handlers), `actor.rs` (an actor per Memcached) and
 //! `reconcile.rs` (one reconcile handler, the quickstart's controller); this file is its command
@@ -83,20 +89,33 @@ struct Run {
         conflicts_with = "actor",
     )]
     reconcile: bool,
+    /// Validate every Memcached's size (at most 16) with an admission webhook of the operator's
+    /// own, which the API server reaches at this host (a Service's name in a cluster, 127.0.0.1
+    /// when the API server runs on this machine); kactor keeps its webhook configuration.
+    #[arg(long, env = "MEMCACHED_WEBHOOK_HOST", value_name = "HOST")]
+    webhook_host: Option<String>,
+    /// The webhook server's port.
+    #[arg(long, env = "MEMCACHED_WEBHOOK_PORT", default_value_t = 9443)]
+    webhook_port: u16,
     #[command(flatten)]
     args: RunArgs,
 }
 
 impl Run {
-    /// The operator, written as handlers, as an actor, or as a reconcile handler.
+    /// The operator, written as handlers, as an actor, or as a reconcile handler; validating
+    /// sizes with `--webhook-host`.
     fn build(&self) -> kactor::Result<kactor::Operator> {
-        if self.actor {
+        let operator = if self.actor {
             operator::actor::operator(std::time::Duration::from_secs(30))
         } else if self.reconcile {
             operator::reconcile::operator()
         } else {
             operator::operator(operator::drift_check())
-        }
+        }?;
+        Ok(match &self.webhook_host {
+            Some(host) => operator::validating(operator, host, self.webhook_port),
+            None => operator,
+        })
     }
 }
 

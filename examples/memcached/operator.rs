@@ -142,6 +142,40 @@ pub fn operator(drift_check: Timer) -> kactor::Result<Operator> {
 /// and the metric of the changes made to Deployments.
 ///
 /// It fails only if the metric cannot be registered (a name clash on the operator's registry).
+/// The largest `spec.size` the validating webhook admits: a bigger cache is a typo more often
+/// than a plan (the CRD's schema already refuses a negative one).
+pub const MAX_SIZE: i64 = 16;
+
+/// The operator, validating every `Memcached`'s size before it is stored: a webhook of its own
+/// (`on_validate`), served on `host:port` (`--webhook-host`; the API server must reach it there,
+/// with the certificate kactor makes for `host` unless you give one), its configuration kept by
+/// the operator (`memcached.cache.example.com`). The same for each way the operator is written.
+pub fn validating(operator: Operator, host: &str, port: u16) -> Operator {
+    use kactor::admission::{Admission, AdmissionCtx, AdmissionError, Operation, WebhookServer};
+    let host = host.to_string();
+    operator
+        .settings(move |s| {
+            s.admission.server = Some(WebhookServer {
+                host: host.clone(),
+                port,
+                ..WebhookServer::default()
+            });
+            s.admission.managed = Some("memcached.cache.example.com".into());
+        })
+        .on_validate(
+            Selector::of::<Memcached>(),
+            Admission::id("validate-size").operations([Operation::Create, Operation::Update]),
+            |ctx: std::sync::Arc<AdmissionCtx>| async move {
+                let size = ctx.spec()["size"].as_i64().unwrap_or_default();
+                if size > MAX_SIZE {
+                    let message = format!("spec.size {size} is more than {MAX_SIZE} pods");
+                    return Err(AdmissionError::deny(message).code(422));
+                }
+                Ok(())
+            },
+        )
+}
+
 fn base() -> kactor::Result<(Operator, IntCounterVec)> {
     let operator = Operator::new();
     // Served at /metrics with kactor's own metrics. Labels name kinds of change, never objects.

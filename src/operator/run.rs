@@ -95,6 +95,8 @@ impl Operator {
                 });
             }
         }
+        // Before anything is watched: the first objects are admitted by the operator already.
+        let webhooks = admission::start(&self, &client).await?;
         let coordination = Coordination::start(&self, &client, &observer)?;
         let mut orchestra = Orchestra::new(&self, client.clone(), observer, watches).await?;
         if self.liveness.is_some() {
@@ -106,6 +108,10 @@ impl Operator {
         let ultimate = self.settings.process.ultimate_exiting_timeout;
         let graceful = async {
             orchestra.shutdown(&self.registry, activity_ctx).await;
+            // Admission is served to the end; then the non-persistent webhooks are withdrawn.
+            if let Some(webhooks) = webhooks {
+                webhooks.stop().await;
+            }
             // Last: the lease is released and the peering record removed only once nothing works.
             coordination.stop().await;
         };

@@ -18,7 +18,9 @@ pub mod structs;
 // Each module by its own name too, as the other crates name them.
 pub use actions::{execution, processing};
 pub use clients::{api, cache, discovery, metered, observe, patches, posting, watching};
-pub use intents::{context, daemons, filters, handlers, indexes, reconcile};
+pub use intents::{
+    admission, context, daemons, filters, handlers, indexes, reconcile, subhandlers,
+};
 pub use storage::{diffbase, progress, progression};
 pub use structs::{
     causes, conditions, diffs, finalizers, hierarchies, keys, lifecycles, logging, names,

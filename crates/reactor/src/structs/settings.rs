@@ -23,6 +23,64 @@ pub struct Settings {
     pub posting: PostingSettings,
     /// What `/healthz` counts as unhealthy, and how probes and metrics are served (kactor).
     pub health: Health,
+    /// The admission webhooks' server and their configurations.
+    pub admission: AdmissionSettings,
+}
+
+/// `settings.admission`: where admission handlers are served, and whether the operator keeps the
+/// webhook configurations that point the API server at them.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct AdmissionSettings {
+    /// The webhook server (Kopf's `settings.admission.server`). Required when there are admission
+    /// handlers: the operator does not start without it.
+    pub server: Option<WebhookServer>,
+    /// The name of the `ValidatingWebhookConfiguration` and `MutatingWebhookConfiguration` the
+    /// operator creates and keeps pointed at its server, its webhooks named `<id>.<managed>`
+    /// (Kopf's `settings.admission.managed`, e.g. `auto.kopf.dev`). None: they are the user's.
+    pub managed: Option<String>,
+}
+
+/// The operator's HTTPS server for admission webhooks (Kopf's `kopf.WebhookServer`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WebhookServer {
+    /// The address to listen on (`0.0.0.0` by default: any).
+    pub addr: std::net::IpAddr,
+    /// The port (0: any free one, as Kopf's `port=None`).
+    pub port: u16,
+    /// The host name or address the API server reaches the server by, in the webhooks' URLs
+    /// (`localhost` by default; in a cluster, a Service's DNS name).
+    pub host: String,
+    /// A path prefix of every webhook's URL.
+    pub path: String,
+    /// The server's certificate (PEM), with `pkeyfile`; without them, a self-signed one is made.
+    /// Both are read again when they change on disk (checked every `file_check_interval`).
+    pub certfile: Option<std::path::PathBuf>,
+    /// The certificate's private key (PEM).
+    pub pkeyfile: Option<std::path::PathBuf>,
+    /// The CA that signed `certfile` (PEM), for the webhooks' `caBundle`; the certificate itself
+    /// when not given.
+    pub cafile: Option<std::path::PathBuf>,
+    /// Names and addresses the self-signed certificate is also valid for (besides `host`,
+    /// `localhost` and `127.0.0.1`).
+    pub extra_sans: Vec<String>,
+    /// How often the certificate files are checked for changes (60 s, as Kopf).
+    pub file_check_interval: Duration,
+}
+
+impl Default for WebhookServer {
+    fn default() -> Self {
+        WebhookServer {
+            addr: std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            port: 0,
+            host: "localhost".to_string(),
+            path: String::new(),
+            certfile: None,
+            pkeyfile: None,
+            cafile: None,
+            extra_sans: Vec::new(),
+            file_check_interval: Duration::from_secs(60),
+        }
+    }
 }
 
 /// `settings.watching`.

@@ -1,0 +1,332 @@
+//! Admission webhooks of an operator end to end. On both servers: an operator without a webhook
+//! server does not start, and one with `settings.admission.managed` keeps its configurations while
+//! it runs and withdraws them at exit. On the real kube-apiserver, which calls the webhooks (the
+//! emulator does not): a denial shown to the client with its message and code, a mutation on the
+//! stored object, and a warning printed by kubectl.
+
+#[allow(dead_code)]
+#[path = "../crates/emulator/tests/common/mod.rs"]
+mod common;
+mod support;
+
+use std::sync::Arc;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use kactor::admission::{Admission, AdmissionCtx, AdmissionError, Operation, WebhookServer};
+use kactor::prelude::*;
+use kactor_testenv::TestCluster;
+use kube::api::Api;
+use support::{cluster_with_widgets, operator, spawn};
+
+const MANAGED: &str = "auto.kactor.test";
+
+/// An operator validating widgets' sizes (over 10 is denied with 400, over 5 warned about) and
+/// labelling every new widget, served on 127.0.0.1, its configurations managed.
+fn admitting(cluster: &TestCluster) -> Operator {
+    operator(cluster)
+        .settings(|s| {
+            s.admission.server = Some(WebhookServer {
+                addr: "127.0.0.1".parse().unwrap(),
+                host: "127.0.0.1".into(),
+                ..WebhookServer::default()
+            });
+            s.admission.managed = Some(MANAGED.into());
+        })
+        .on_validate(
+            "widgets.example.com",
+            Admission::id("check-size").operations([Operation::Create, Operation::Update]),
+            |ctx: Arc<AdmissionCtx>| async move {
+                let size = ctx.spec()["size"].as_i64().unwrap_or_default();
+                if size > 5 {
+                    ctx.warn(format!("size {size} is large"));
+                }
+                if size > 10 {
+                    return Err(AdmissionError::deny(format!("size {size} is over 10")).code(400));
+                }
+                Ok(())
+            },
+        )
+        .on_mutate(
+            "widgets.example.com",
+            Admission::id("label").operations([Operation::Create]),
+            |ctx: Arc<AdmissionCtx>| async move {
+                ctx.patch().label("admitted-by", Some("kactor"));
+                Ok(())
+            },
+        )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_with_admission_handlers_and_no_webhook_server_does_not_start() {
+    let (cluster, _) = cluster_with_widgets().await;
+    let operator = operator(&cluster).on_validate(
+        "widgets.example.com",
+        "check",
+        |_: Arc<AdmissionCtx>| async { Ok(()) },
+    );
+    let error = operator
+        .run_until(std::future::pending())
+        .await
+        .expect_err("it must not start");
+    let text = error.to_string();
+    assert!(
+        text.contains("check") && text.contains("settings.admission.server"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn managed_webhook_configurations_live_as_long_as_the_operator() {
+    let (cluster, _) = cluster_with_widgets().await;
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(cluster.client());
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(cluster.client());
+    let running = spawn(admitting(&cluster));
+    let deadline = tokio::time::Instant::now() + support::WAIT;
+    // Written one after the other, at startup.
+    let found = loop {
+        let both = (
+            validating.get_opt(MANAGED).await.unwrap(),
+            mutating.get_opt(MANAGED).await.unwrap(),
+        );
+        if let (Some(found), Some(_)) = both {
+            break found;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no {MANAGED}");
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    };
+    let webhook = &found.webhooks.as_ref().unwrap()[0];
+    assert_eq!(webhook.name, format!("check-size.{MANAGED}"));
+    let url = webhook.client_config.url.clone().unwrap();
+    assert!(
+        url.starts_with("https://127.0.0.1:") && url.ends_with("/check-size"),
+        "{url}"
+    );
+    running.stop().await;
+    assert!(
+        validating.get_opt(MANAGED).await.unwrap().is_none(),
+        "withdrawn at exit"
+    );
+    assert!(
+        mutating.get_opt(MANAGED).await.unwrap().is_none(),
+        "withdrawn at exit"
+    );
+}
+
+/// The real API server calls the webhooks (the emulator does not call webhooks).
+mod apiserver_only {
+    use super::*;
+    use kube::api::{DynamicObject, PostParams};
+
+    fn widget(name: &str, size: i64) -> DynamicObject {
+        serde_json::from_value(kactor::emulator::samples::widget(name, size)).unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_api_server_asks_the_operators_webhooks() {
+        const TEST: &str = "the_api_server_asks_the_operators_webhooks";
+        let (cluster, widgets) = cluster_with_widgets().await;
+        assert!(
+            cluster.emulator().is_none(),
+            "run on the real kube-apiserver (KACTOR_TEST_CLUSTER=apiserver): the emulator calls no webhooks"
+        );
+        let running = spawn(admitting(&cluster));
+        // The configuration takes effect once the API server has seen it: dry runs until denied.
+        let dry = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        let deadline = tokio::time::Instant::now() + support::WAIT;
+        let denial = loop {
+            match widgets.create(&dry, &widget("probe", 11)).await {
+                Err(kube::Error::Api(status)) => break status,
+                Ok(_) => {}
+                Err(other) => panic!("{other}"),
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the webhook never took effect"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        };
+        assert_eq!(denial.code, 400, "{denial:?}");
+        assert!(denial.message.contains("size 11 is over 10"), "{denial:?}");
+        assert!(widgets.get_opt("probe").await.unwrap().is_none());
+
+        // Allowed and mutated: the stored object carries the mutation.
+        let made = widgets
+            .create(&PostParams::default(), &widget("w1", 3))
+            .await
+            .unwrap();
+        assert_eq!(
+            made.labels().get("admitted-by").map(String::as_str),
+            Some("kactor")
+        );
+
+        // kubectl shows the warning (and the denial's message).
+        if let Some(kubectl) = common::kubectl(TEST).await {
+            let dir = common::Workdir::new(TEST, &cluster);
+            let file = manifest("w7", 7);
+            let mut apply = dir.command(&kubectl);
+            apply.args(["create", "-f", &file]);
+            let output = common::run(&mut apply, std::time::Duration::from_secs(60)).await;
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(output.status.success(), "{stderr}");
+            assert!(stderr.contains("Warning: size 7 is large"), "{stderr}");
+            let file = manifest("w12", 12);
+            let mut denied = dir.command(&kubectl);
+            denied.args(["create", "-f", &file]);
+            let output = common::run(&mut denied, std::time::Duration::from_secs(60)).await;
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(!output.status.success());
+            assert!(stderr.contains("size 12 is over 10"), "{stderr}");
+        }
+        running.stop().await;
+    }
+
+    /// A CRD served in two versions: v1 keeps `spec.size`, v2 `spec.dimensions.size`; v1 is
+    /// stored.
+    fn gadgets_crd() -> serde_json::Value {
+        let schema = |spec: serde_json::Value| serde_json::json!({"openAPIV3Schema": {"type": "object", "properties": {"spec": spec}}});
+        serde_json::json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": "gadgets.example.com"},
+            "spec": {
+                "group": "example.com",
+                "scope": "Namespaced",
+                "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget"},
+                "versions": [
+                    {"name": "v1", "served": true, "storage": true, "schema": schema(serde_json::json!(
+                        {"type": "object", "properties": {"size": {"type": "integer"}}}))},
+                    {"name": "v2", "served": true, "storage": false, "schema": schema(serde_json::json!(
+                        {"type": "object", "properties": {"dimensions": {"type": "object",
+                            "properties": {"size": {"type": "integer"}}}}}))},
+                ],
+            },
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_custom_resource_is_read_back_in_both_versions_through_the_conversion_webhook() {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        use kube::api::ApiResource;
+        let (cluster, _) = cluster_with_widgets().await;
+        assert!(
+            cluster.emulator().is_none(),
+            "the emulator calls no webhooks"
+        );
+        let crds: Api<CustomResourceDefinition> = Api::all(cluster.client());
+        crds.create(
+            &PostParams::default(),
+            &serde_json::from_value(gadgets_crd()).unwrap(),
+        )
+        .await
+        .unwrap();
+        let api = |version: &str| {
+            let resource = ApiResource {
+                group: "example.com".into(),
+                version: version.into(),
+                api_version: format!("example.com/{version}"),
+                kind: "Gadget".into(),
+                plural: "gadgets".into(),
+            };
+            Api::<DynamicObject>::namespaced_with(cluster.client(), "default", &resource)
+        };
+        // Served before the operator starts: it resolves the resources it converts at startup.
+        kactor::emulator::samples::until_served(&api("v1"))
+            .await
+            .unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let operator = admitting(&cluster)
+            .convert("gadgets.example.com", "v1", "v2", v1_to_v2)
+            .convert("gadgets.example.com", "v2", "v1", v2_to_v1);
+        let mut task = tokio::spawn(operator.run_until(async {
+            let _ = stopped.await;
+        }));
+        // Until the CRD points at the webhook (the operator does it at startup).
+        let deadline = tokio::time::Instant::now() + support::WAIT;
+        loop {
+            let crd = serde_json::to_value(crds.get("gadgets.example.com").await.unwrap()).unwrap();
+            if crd["spec"]["conversion"]["strategy"] == "Webhook" {
+                break;
+            }
+            if task.is_finished() {
+                panic!("the operator ended: {:?}", (&mut task).await);
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the CRD is not pointed at the webhook"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let old: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "example.com/v1", "kind": "Gadget",
+            "metadata": {"name": "g1"}, "spec": {"size": 3},
+        }))
+        .unwrap();
+        api("v1")
+            .create(&PostParams::default(), &old)
+            .await
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + support::WAIT;
+        loop {
+            let read = api("v2").get("g1").await.unwrap();
+            if read.data["spec"] == serde_json::json!({"dimensions": {"size": 3}}) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "not converted: {:?}",
+                read.data
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        // The other way: written in v2 (stored as v1), read back in both.
+        let new: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "example.com/v2", "kind": "Gadget",
+            "metadata": {"name": "g2"}, "spec": {"dimensions": {"size": 5}},
+        }))
+        .unwrap();
+        api("v2")
+            .create(&PostParams::default(), &new)
+            .await
+            .unwrap();
+        assert_eq!(
+            api("v1").get("g2").await.unwrap().data["spec"],
+            serde_json::json!({"size": 5})
+        );
+        assert_eq!(
+            api("v2").get("g2").await.unwrap().data["spec"],
+            serde_json::json!({"dimensions": {"size": 5}})
+        );
+        let _ = stop.send(());
+        task.await.unwrap().unwrap();
+    }
+
+    fn v1_to_v2(mut gadget: serde_json::Value) -> Result<serde_json::Value, HandlerError> {
+        let size = gadget["spec"]["size"].take();
+        gadget["spec"] = serde_json::json!({"dimensions": {"size": size}});
+        Ok(gadget)
+    }
+
+    fn v2_to_v1(mut gadget: serde_json::Value) -> Result<serde_json::Value, HandlerError> {
+        let size = gadget["spec"]["dimensions"]["size"].take();
+        gadget["spec"] = serde_json::json!({"size": size});
+        Ok(gadget)
+    }
+
+    /// A widget's manifest in a file of its own, for kubectl.
+    fn manifest(name: &str, size: i64) -> String {
+        let path = std::env::temp_dir().join(format!(
+            "kactor-admission-{}-{name}.json",
+            std::process::id()
+        ));
+        let widget = kactor::emulator::samples::widget(name, size);
+        std::fs::write(&path, widget.to_string()).unwrap();
+        path.to_string_lossy().into_owned()
+    }
+
+    use kube::ResourceExt;
+}
