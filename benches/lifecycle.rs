@@ -304,13 +304,7 @@ async fn run_all(objects: usize) -> Vec<Figures> {
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
-    // `cargo bench` passes --bench; `cargo test --all-targets` does not, and then a small run proves
-    // the benchmark still works without spending the test suite's time.
-    let measuring = std::env::args().any(|a| a == "--bench");
-    let objects: usize = std::env::var("KACTOR_BENCH_OBJECTS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(if measuring { 10_000 } else { 200 });
+    let objects = support::objects(10_000, 200);
     let _ = tracing_subscriber::registry()
         .with(support::request_counter())
         .try_init();

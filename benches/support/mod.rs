@@ -40,6 +40,23 @@ unsafe impl std::alloc::GlobalAlloc for Counting {
     }
 }
 
+/// Whether this is a measuring run (`cargo bench` passes `--bench`; `cargo test --all-targets`
+/// does not).
+pub fn measuring() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
+/// How many objects a benchmark runs with: `KACTOR_BENCH_OBJECTS`, else `measured` under
+/// `cargo bench` (which passes `--bench`), else `quick`: under `cargo test --all-targets` a small
+/// run proves the benchmark still works without spending the test suite's time.
+pub fn objects(measured: usize, quick: usize) -> usize {
+    let measuring = measuring();
+    std::env::var("KACTOR_BENCH_OBJECTS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(if measuring { measured } else { quick })
+}
+
 /// Live heap bytes now.
 pub fn live_bytes() -> u64 {
     LIVE.load(Ordering::Relaxed)
