@@ -343,12 +343,15 @@ fn build() -> Result<PathBuf, Error> {
     }
     let partial = dir.join("kactor-apiserver.partial");
     let started = std::time::Instant::now();
-    let status = std::process::Command::new(&go)
+    let mut command = std::process::Command::new(&go);
+    command
         .args(["build", "-trimpath", "-ldflags", &ldflags, "-o"])
         .arg(&partial)
         .arg(".")
         .current_dir(&src)
-        .stdin(Stdio::null())
+        .stdin(Stdio::null());
+    let scratch = GoScratch::set(&mut command, dir);
+    let status = command
         .status()
         .map_err(|e| {
             Error::Build(format!(
@@ -369,5 +372,44 @@ fn build() -> Result<PathBuf, Error> {
         binary.display(),
         started.elapsed().as_secs()
     );
+    scratch.remove();
     Ok(binary)
+}
+
+/// The Go build and module caches of the one build, private to it unless `GOCACHE` or `GOMODCACHE`
+/// is set, and removed once the binary is built: they hold several GB that nothing reads again
+/// (the binary is what is cached), and a CI machine's disk is not large. A failed build keeps them
+/// for the next try.
+struct GoScratch {
+    dirs: Vec<PathBuf>,
+}
+
+impl GoScratch {
+    fn set(command: &mut std::process::Command, dir: &Path) -> GoScratch {
+        let mut dirs = Vec::new();
+        for (var, name) in [("GOCACHE", "go-build"), ("GOMODCACHE", "go-mod")] {
+            if std::env::var_os(var).is_none_or(|v| v.is_empty()) {
+                let path = dir.join(name);
+                command.env(var, &path);
+                dirs.push(path);
+            }
+        }
+        if !dirs.is_empty() {
+            // The module cache is read-only unless asked otherwise, which a plain removal cannot undo.
+            let mut flags = std::env::var("GOFLAGS").unwrap_or_default();
+            if !flags.split_whitespace().any(|f| f == "-modcacherw") {
+                flags = format!("{flags} -modcacherw").trim().to_owned();
+            }
+            command.env("GOFLAGS", flags);
+        }
+        GoScratch { dirs }
+    }
+
+    fn remove(self) {
+        for dir in self.dirs {
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                eprintln!("kactor-testenv: could not remove {}: {e}", dir.display());
+            }
+        }
+    }
 }
