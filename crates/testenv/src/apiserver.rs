@@ -351,15 +351,13 @@ fn build() -> Result<PathBuf, Error> {
         .current_dir(&src)
         .stdin(Stdio::null());
     let scratch = GoScratch::set(&mut command, dir);
-    let status = command
-        .status()
-        .map_err(|e| {
-            Error::Build(format!(
-                "cannot run `{}`: {e}; the real API server is built from Go modules: install Go 1.26 \
+    let status = command.status().map_err(|e| {
+        Error::Build(format!(
+            "cannot run `{}`: {e}; the real API server is built from Go modules: install Go 1.26 \
                  or newer, or set KACTOR_APISERVER_BIN to a built kactor-apiserver",
-                go.to_string_lossy()
-            ))
-        })?;
+            go.to_string_lossy()
+        ))
+    })?;
     if !status.success() {
         return Err(Error::Build(format!(
             "`go build` failed ({status}) in {}",
