@@ -3,7 +3,9 @@
 //! They describe every served kind's operations with the `x-kubernetes-group-version-kind` and
 //! `x-kubernetes-action` extensions and the query parameters of each, which is what `kubectl` reads to
 //! learn that the server validates fields itself (`fieldValidation`); schemas are the CRDs' own
-//! `openAPIV3Schema`, and an open object for built-in kinds (the emulator does not validate those).
+//! `openAPIV3Schema`, and for built-in kinds, in v3, their real schemas made from the vendored
+//! `.proto` files (`openapi_builtin`, what `kubectl explain` reads), or an open object in v2 and for
+//! a built-in kind without a `.proto`.
 
 use std::sync::Arc;
 
@@ -222,8 +224,30 @@ pub fn v3_group_version(types: &[Arc<ResourceType>], rest: &[&str]) -> Option<Va
         .iter()
         .filter(|t| t.group == group && t.version(version).is_some())
     {
-        let name = definition_name(rtype, version);
-        schemas.insert(name.clone(), schema_of(rtype, version));
+        let built_in = rtype
+            .version(version)
+            .is_some_and(|v| v.schema.is_none())
+            .then(|| crate::openapi_builtin::schemas(group, version, &rtype.kind))
+            .flatten();
+        let name = match built_in {
+            // A built-in kind with a vendored `.proto`: its real schema and those it refers to.
+            Some((root, mut definitions)) => {
+                // The kind's own definition wins over the same message reached from another kind
+                // (which lacks the kind's type fields and group-version-kind).
+                if let Some(own) = definitions.remove(&root) {
+                    schemas.insert(root.clone(), own);
+                }
+                for (key, schema) in definitions {
+                    schemas.entry(key).or_insert(schema);
+                }
+                root
+            }
+            None => {
+                let name = definition_name(rtype, version);
+                schemas.insert(name.clone(), schema_of(rtype, version));
+                name
+            }
+        };
         for (path, item) in paths(
             rtype,
             version,

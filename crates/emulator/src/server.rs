@@ -237,13 +237,13 @@ impl Call {
             .next()
             .unwrap_or_default()
             .trim();
-        if media == "application/vnd.kubernetes.protobuf" {
-            return Err(ApiError::new(
-                415,
-                "UnsupportedMediaType",
-                "the kactor emulator does not decode protobuf bodies; send JSON (with kubectl: \
-                 `kubectl apply -f` or `kubectl create -f` rather than `kubectl create <kind> ...`)",
-            ));
+        if media == crate::protobuf::MEDIA_TYPE {
+            return crate::protobuf::decode(&self.body).map_err(|e| match e {
+                crate::protobuf::Error::Invalid(_) => ApiError::bad_request(e.to_string()),
+                crate::protobuf::Error::Unsupported(_) => {
+                    ApiError::new(415, "UnsupportedMediaType", e.to_string())
+                }
+            });
         }
         // What a real API server decodes: JSON (and the patch formats, all JSON but apply's YAML)
         // and YAML; anything else is a 415 before the body is read.

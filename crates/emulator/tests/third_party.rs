@@ -642,6 +642,259 @@ async fn kubectl_delete_removes_a_custom_resource() {
         .is_empty());
 }
 
+/// A built-in object as the cluster holds it, as JSON (Null when it is not there).
+async fn built_in(cluster: &TestCluster, path: &str) -> Value {
+    let request = http::Request::get(path).body(Vec::new()).unwrap();
+    match cluster.client().request::<Value>(request).await {
+        Ok(object) => object,
+        Err(kube::Error::Api(e)) if e.code == 404 => Value::Null,
+        Err(e) => panic!("GET {path}: {e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[allow(clippy::too_many_lines, reason = "one scenario, read top to bottom")]
+async fn kubectl_imperative_commands_send_protobuf_and_create_what_they_say() {
+    const TEST: &str = "kubectl_imperative_commands_send_protobuf_and_create_what_they_say";
+    let Some((kubectl, cluster)) = Kubectl::start(TEST).await else {
+        return;
+    };
+    // `kubectl create <kind>` and `kubectl run` send built-in kinds as protobuf, not JSON.
+    let ns = "imperative";
+    let created = kubectl.ok(&["create", "namespace", ns]).await;
+    assert!(
+        created.contains("namespace/imperative created"),
+        "{created}"
+    );
+    let n = &["-n", ns][..];
+    let commands: Vec<Vec<&str>> = vec![
+        vec![
+            "create",
+            "configmap",
+            "settings",
+            "--from-literal=colour=blue",
+            "--from-literal=empty=",
+        ],
+        vec![
+            "create",
+            "secret",
+            "generic",
+            "creds",
+            "--from-literal=password=s3cret",
+        ],
+        vec![
+            "create",
+            "deployment",
+            "web",
+            "--image=nginx:1.27",
+            "--replicas=0",
+            "--port=8080",
+        ],
+        vec!["create", "serviceaccount", "bot"],
+        vec![
+            "create",
+            "role",
+            "reader",
+            "--verb=get,list",
+            "--resource=configmaps",
+        ],
+        vec![
+            "create",
+            "rolebinding",
+            "reader-bot",
+            "--role=reader",
+            "--serviceaccount=imperative:bot",
+        ],
+        vec![
+            "create",
+            "job",
+            "once",
+            "--image=busybox",
+            "--",
+            "echo",
+            "hi",
+        ],
+        vec!["create", "service", "clusterip", "web", "--tcp=80:8080"],
+        vec![
+            "run",
+            "solo",
+            "--image=nginx",
+            "--labels=app=solo",
+            "--restart=Never",
+        ],
+    ];
+    for command in &commands {
+        // The namespace first: what follows `--` is the container's command.
+        let output = kubectl.ok(&[n, command.as_slice()].concat()).await;
+        assert!(
+            output.contains("created"),
+            "kubectl {}: {output}",
+            command.join(" ")
+        );
+    }
+    let path =
+        |group: &str, plural: &str, name: &str| format!("{group}/namespaces/{ns}/{plural}/{name}");
+
+    let namespace = built_in(&cluster, "/api/v1/namespaces/imperative").await;
+    assert_eq!(namespace["metadata"]["name"], "imperative");
+
+    let settings = built_in(&cluster, &path("/api/v1", "configmaps", "settings")).await;
+    assert_eq!(settings["data"], json!({"colour": "blue", "empty": ""}));
+    assert!(
+        settings["metadata"]["creationTimestamp"].is_string(),
+        "{settings}"
+    );
+
+    let creds = built_in(&cluster, &path("/api/v1", "secrets", "creds")).await;
+    assert_eq!(
+        creds["data"],
+        json!({"password": "czNjcmV0"}),
+        "base64 of s3cret"
+    );
+    assert_eq!(creds["type"], "Opaque");
+
+    let web = built_in(&cluster, &path("/apis/apps/v1", "deployments", "web")).await;
+    assert_eq!(
+        web["spec"]["replicas"], 0,
+        "a pointer's zero is kept: {web}"
+    );
+    assert_eq!(
+        web["spec"]["selector"],
+        json!({"matchLabels": {"app": "web"}})
+    );
+    let container = &web["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["image"], "nginx:1.27");
+    assert_eq!(container["ports"][0]["containerPort"], 8080);
+    assert_eq!(
+        web["spec"]["template"]["metadata"]["labels"],
+        json!({"app": "web"})
+    );
+
+    let bot = built_in(&cluster, &path("/api/v1", "serviceaccounts", "bot")).await;
+    assert_eq!(bot["metadata"]["name"], "bot");
+
+    let role = built_in(
+        &cluster,
+        &path("/apis/rbac.authorization.k8s.io/v1", "roles", "reader"),
+    )
+    .await;
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]}])
+    );
+    let binding = built_in(
+        &cluster,
+        &path(
+            "/apis/rbac.authorization.k8s.io/v1",
+            "rolebindings",
+            "reader-bot",
+        ),
+    )
+    .await;
+    assert_eq!(
+        binding["roleRef"],
+        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "reader"})
+    );
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "bot", "namespace": "imperative"}])
+    );
+
+    let once = built_in(&cluster, &path("/apis/batch/v1", "jobs", "once")).await;
+    let job_container = &once["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(job_container["command"], json!(["echo", "hi"]), "{once}");
+    assert_eq!(once["spec"]["template"]["spec"]["restartPolicy"], "Never");
+
+    let service = built_in(&cluster, &path("/api/v1", "services", "web")).await;
+    // The target port is an IntOrString: a number here, as kubectl sent it.
+    assert_eq!(service["spec"]["ports"][0]["port"], 80);
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], 8080);
+    assert_eq!(service["spec"]["type"], "ClusterIP");
+
+    let solo = built_in(&cluster, &path("/api/v1", "pods", "solo")).await;
+    assert_eq!(solo["metadata"]["labels"], json!({"app": "solo"}));
+    assert_eq!(solo["spec"]["containers"][0]["image"], "nginx");
+    assert_eq!(solo["spec"]["restartPolicy"], "Never");
+
+    // What the cluster refuses, it refuses as for JSON: a second create is a conflict.
+    let error = kubectl
+        .fails(&[&["create", "configmap", "settings"][..], n].concat())
+        .await;
+    assert!(
+        error.contains("AlreadyExists") || error.contains("already exists"),
+        "{error}"
+    );
+    // And kubectl reads back what it created.
+    let listed = kubectl
+        .ok(&[
+            &["get", "configmaps,secrets,deployments,roles", "-o", "name"][..],
+            n,
+        ]
+        .concat())
+        .await;
+    for name in [
+        "configmap/settings",
+        "secret/creds",
+        "deployment.apps/web",
+        "role.rbac.authorization.k8s.io/reader",
+    ] {
+        assert!(listed.contains(name), "{name} in:\n{listed}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_explain_describes_built_in_and_custom_kinds() {
+    const TEST: &str = "kubectl_explain_describes_built_in_and_custom_kinds";
+    let Some((kubectl, _cluster)) = Kubectl::start(TEST).await else {
+        return;
+    };
+    // A built-in kind: its documentation and fields (the emulator's come from the upstream .proto).
+    let config_map = kubectl.ok(&["explain", "configmap"]).await;
+    for expected in [
+        "KIND:",
+        "ConfigMap",
+        "VERSION:",
+        "ConfigMap holds configuration data",
+        "FIELDS:",
+    ] {
+        assert!(
+            config_map.contains(expected),
+            "{expected:?} in:\n{config_map}"
+        );
+    }
+    let data = config_map
+        .lines()
+        .find(|l| l.trim_start().starts_with("data"))
+        .unwrap_or_else(|| panic!("no data field in:\n{config_map}"));
+    assert!(data.contains("<map[string]string>"), "{data}");
+    // A path into a kind, through references and lists.
+    let image = kubectl
+        .ok(&["explain", "deployment.spec.template.spec.containers.image"])
+        .await;
+    assert!(image.contains("Container image name"), "{image}");
+    assert!(image.contains("<string>"), "{image}");
+    let replicas = kubectl.ok(&["explain", "deployments.spec.replicas"]).await;
+    assert!(replicas.contains("<integer>"), "{replicas}");
+    // An embedded struct's members are the parent's fields, as in the objects' JSON.
+    let volumes = kubectl.ok(&["explain", "pod.spec.volumes"]).await;
+    assert!(volumes.contains("emptyDir"), "{volumes}");
+    assert!(!volumes.contains("volumeSource"), "{volumes}");
+    let error = kubectl.fails(&["explain", "configmap.nonsense"]).await;
+    assert!(error.contains("nonsense"), "{error}");
+    // A custom kind: the CRD's schema (a real server publishes it a few seconds after the CRD is
+    // established; the emulator at once).
+    kubectl.install_crd().await;
+    let spec = eventually("kubectl explain widgets.spec", REACT, || async {
+        let output = run(&mut kubectl.command(&["explain", "widgets.spec"]), CALL).await;
+        output
+            .status
+            .success()
+            .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
+    })
+    .await;
+    assert!(spec.contains("size"), "{spec}");
+}
+
 // ---- the Python `kubernetes` client -------------------------------------------------------------
 
 /// The JSON lines `client_watch.py` printed.
