@@ -14,7 +14,7 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 api=(core/v1 apps/v1 batch/v1 rbac/v1 networking/v1 policy/v1 scheduling/v1 scheduling/v1alpha3
-     authentication/v1 autoscaling/v1 coordination/v1)
+     authentication/v1 authorization/v1 autoscaling/v1 coordination/v1)
 machinery=(pkg/apis/meta/v1 pkg/runtime pkg/runtime/schema pkg/util/intstr pkg/api/resource)
 
 for module in api apimachinery; do

@@ -616,6 +616,20 @@ mod tests {
     }
 
     #[test]
+    fn every_group_decoded_has_its_proto_vendored() {
+        let files: Vec<String> = pool().files().map(|f| f.name().to_owned()).collect();
+        for group in GROUPS {
+            let package = if group.is_empty() {
+                "core"
+            } else {
+                group.split('.').next().unwrap()
+            };
+            let file = format!("k8s.io/api/{package}/v1/generated.proto");
+            assert!(files.contains(&file), "{group:?}: {file} is not vendored");
+        }
+    }
+
+    #[test]
     fn garbage_and_unknown_kinds_are_refused_with_what_is_wrong() {
         assert!(matches!(decode(b"{}"), Err(Error::Invalid(m)) if m.contains("magic")));
         assert!(matches!(

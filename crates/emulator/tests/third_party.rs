@@ -816,6 +816,12 @@ async fn kubectl_imperative_commands_send_protobuf_and_create_what_they_say() {
     assert_eq!(solo["spec"]["containers"][0]["image"], "nginx");
     assert_eq!(solo["spec"]["restartPolicy"], "Never");
 
+    // `kubectl auth can-i` sends its SelfSubjectAccessReview in protobuf too (the test clusters'
+    // kubeconfigs are an administrator's).
+    let can = kubectl
+        .ok(&[n, &["auth", "can-i", "create", "configmaps"][..]].concat())
+        .await;
+    assert_eq!(can.trim(), "yes");
     // What the cluster refuses, it refuses as for JSON: a second create is a conflict.
     let error = kubectl
         .fails(&[&["create", "configmap", "settings"][..], n].concat())
