@@ -319,6 +319,86 @@ fn builtins() -> Vec<Builtin> {
             categories: ALL,
             ..builtin("batch", "jobs", "Job", true, &[], true, true)
         },
+        Builtin {
+            categories: ALL,
+            ..builtin("batch", "cronjobs", "CronJob", true, &["cj"], true, true)
+        },
+        Builtin {
+            categories: ALL,
+            ..builtin(
+                "",
+                "replicationcontrollers",
+                "ReplicationController",
+                true,
+                &["rc"],
+                true,
+                true,
+            )
+        },
+        builtin(
+            "",
+            "resourcequotas",
+            "ResourceQuota",
+            true,
+            &["quota"],
+            true,
+            false,
+        ),
+        builtin(
+            "",
+            "limitranges",
+            "LimitRange",
+            true,
+            &["limits"],
+            false,
+            false,
+        ),
+        builtin("", "podtemplates", "PodTemplate", true, &[], false, false),
+        builtin(
+            "networking.k8s.io",
+            "ingresses",
+            "Ingress",
+            true,
+            &["ing"],
+            true,
+            true,
+        ),
+        builtin(
+            "networking.k8s.io",
+            "ingressclasses",
+            "IngressClass",
+            false,
+            &[],
+            false,
+            true,
+        ),
+        builtin(
+            "networking.k8s.io",
+            "networkpolicies",
+            "NetworkPolicy",
+            true,
+            &["netpol"],
+            false,
+            true,
+        ),
+        builtin(
+            "policy",
+            "poddisruptionbudgets",
+            "PodDisruptionBudget",
+            true,
+            &["pdb"],
+            true,
+            true,
+        ),
+        builtin(
+            "scheduling.k8s.io",
+            "priorityclasses",
+            "PriorityClass",
+            false,
+            &["pc"],
+            false,
+            true,
+        ),
         builtin(
             "coordination.k8s.io",
             "leases",
@@ -392,8 +472,11 @@ pub fn builtin_types() -> Vec<Arc<ResourceType>> {
     builtins()
         .into_iter()
         .map(|b| {
-            let scale = matches!(b.plural, "deployments" | "replicasets" | "statefulsets")
-                .then(|| ("/spec/replicas".to_string(), "/status/replicas".to_string()));
+            let scale = matches!(
+                b.plural,
+                "deployments" | "replicasets" | "statefulsets" | "replicationcontrollers"
+            )
+            .then(|| ("/spec/replicas".to_string(), "/status/replicas".to_string()));
             Arc::new(ResourceType {
                 group: b.group.to_string(),
                 versions: vec![Version {

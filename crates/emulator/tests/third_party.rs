@@ -722,6 +722,39 @@ async fn kubectl_imperative_commands_send_protobuf_and_create_what_they_say() {
             "--labels=app=solo",
             "--restart=Never",
         ],
+        vec![
+            "create",
+            "cronjob",
+            "nightly",
+            "--image=busybox",
+            "--schedule=0 3 * * *",
+        ],
+        vec![
+            "create",
+            "ingress",
+            "front",
+            "--rule=shop.example.com/cart=web:80",
+        ],
+        vec![
+            "create",
+            "poddisruptionbudget",
+            "web",
+            "--selector=app=web",
+            "--min-available=1",
+        ],
+        vec![
+            "create",
+            "quota",
+            "small",
+            "--hard=pods=2,requests.cpu=500m",
+        ],
+        vec![
+            "create",
+            "priorityclass",
+            "imperative-high",
+            "--value=1000",
+            "--description=urgent",
+        ],
     ];
     for command in &commands {
         // The namespace first: what follows `--` is the container's command.
@@ -815,6 +848,44 @@ async fn kubectl_imperative_commands_send_protobuf_and_create_what_they_say() {
     assert_eq!(solo["metadata"]["labels"], json!({"app": "solo"}));
     assert_eq!(solo["spec"]["containers"][0]["image"], "nginx");
     assert_eq!(solo["spec"]["restartPolicy"], "Never");
+
+    let nightly = built_in(&cluster, &path("/apis/batch/v1", "cronjobs", "nightly")).await;
+    assert_eq!(nightly["spec"]["schedule"], "0 3 * * *");
+    let front = built_in(
+        &cluster,
+        &path("/apis/networking.k8s.io/v1", "ingresses", "front"),
+    )
+    .await;
+    let rule = &front["spec"]["rules"][0];
+    assert_eq!(rule["host"], "shop.example.com");
+    assert_eq!(rule["http"]["paths"][0]["path"], "/cart");
+    assert_eq!(
+        rule["http"]["paths"][0]["backend"]["service"]["port"]["number"],
+        80
+    );
+    let pdb = built_in(
+        &cluster,
+        &path("/apis/policy/v1", "poddisruptionbudgets", "web"),
+    )
+    .await;
+    assert_eq!(
+        pdb["spec"]["minAvailable"], 1,
+        "an IntOrString's number: {pdb}"
+    );
+    let quota = built_in(&cluster, &path("/api/v1", "resourcequotas", "small")).await;
+    assert_eq!(
+        quota["spec"]["hard"],
+        json!({"pods": "2", "requests.cpu": "500m"})
+    );
+    let class = built_in(
+        &cluster,
+        "/apis/scheduling.k8s.io/v1/priorityclasses/imperative-high",
+    )
+    .await;
+    assert_eq!(
+        (&class["value"], &class["description"]),
+        (&json!(1000), &json!("urgent"))
+    );
 
     // `kubectl auth can-i` sends its SelfSubjectAccessReview in protobuf too (the test clusters'
     // kubeconfigs are an administrator's).
