@@ -70,6 +70,66 @@ pub fn service_account_token(namespace: &str, name: &str) -> String {
     format!("{SERVICE_ACCOUNT_TOKEN_PREFIX}{namespace}/{name}")
 }
 
+/// `POST .../serviceaccounts/{name}/token` (`kubectl create token`): a `TokenRequest` answered with
+/// the service account's token. The API server's checks are made (the account exists, the body is a
+/// `TokenRequest`, `expirationSeconds` at least 600, 3600 by default) and the answer has its shape,
+/// but the emulator's tokens do not expire: `status.expirationTimestamp` is what a real server's
+/// would be.
+pub(crate) fn token_request(
+    state: &State,
+    namespace: &str,
+    name: &str,
+    request: serde_json::Value,
+) -> ApiResult<serde_json::Value> {
+    let accounts = GroupResource::new("", "serviceaccounts");
+    state.get(&accounts, &(namespace.to_string(), name.to_string()))?;
+    if request["kind"] != "TokenRequest" {
+        return Err(ApiError::bad_request(format!(
+            "the body must be a TokenRequest of authentication.k8s.io/v1, not {}",
+            request["kind"]
+        )));
+    }
+    let seconds = match &request["spec"]["expirationSeconds"] {
+        serde_json::Value::Null => 3600,
+        value => value.as_i64().unwrap_or(0),
+    };
+    if seconds < 600 {
+        return Err(ApiError::invalid(
+            "authentication.k8s.io",
+            "TokenRequest",
+            name,
+            vec![crate::status::Cause::new(
+                "FieldValueInvalid",
+                "spec.expirationSeconds",
+                "may not specify a duration less than 10 minutes",
+            )],
+        ));
+    }
+    let now = jiff::Timestamp::now();
+    let expires = now
+        .checked_add(jiff::SignedDuration::from_secs(seconds))
+        .unwrap_or(now)
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let audiences = match &request["spec"]["audiences"] {
+        serde_json::Value::Array(list) if !list.is_empty() => {
+            serde_json::Value::Array(list.clone())
+        }
+        _ => serde_json::json!(["https://kubernetes.default.svc.cluster.local"]),
+    };
+    Ok(serde_json::json!({
+        "kind": "TokenRequest",
+        "apiVersion": "authentication.k8s.io/v1",
+        "metadata": {"name": name, "namespace": namespace, "creationTimestamp": crate::store::now()},
+        "spec": {
+            "audiences": audiences,
+            "expirationSeconds": seconds,
+            "boundObjectRef": request["spec"]["boundObjectRef"],
+        },
+        "status": {"token": service_account_token(namespace, name), "expirationTimestamp": expires},
+    }))
+}
+
 /// The user behind an `Authorization` header (None: an anonymous request), or 401 Unauthorized.
 pub(crate) fn authenticate(authorization: Option<&str>, state: &State) -> ApiResult<User> {
     let Some(header) = authorization else {

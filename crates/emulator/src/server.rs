@@ -529,6 +529,22 @@ async fn resource(
     rest: &[&str],
 ) -> ApiResult<Response<Body>> {
     let target = resolve_target(&shared.state(), group, version, rest)?;
+    if let (Some("token"), Some(name), Some(namespace)) =
+        (target.sub.as_deref(), &target.name, &target.namespace)
+    {
+        if group.is_empty() && target.rtype.plural == "serviceaccounts" {
+            return if call.method == Method::POST {
+                let request = call.json()?;
+                let answer = crate::auth::token_request(&shared.state(), namespace, name, request)?;
+                object_response(StatusCode::CREATED, &answer)
+            } else {
+                Err(ApiError::method_not_allowed(format!(
+                    "the server does not allow this method on the requested resource ({})",
+                    call.method
+                )))
+            };
+        }
+    }
     let collection = target.name.is_none();
     // The authorizer's verb, among those this endpoint serves: no creating into a named object,
     // no updating or patching a collection, and no HEAD.

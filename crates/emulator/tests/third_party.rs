@@ -93,8 +93,17 @@ struct Kubectl {
 impl Kubectl {
     /// kubectl and a cluster for `test`, or `None` when kubectl is missing and the test is skipped.
     async fn start(test: &str) -> Option<(Kubectl, TestCluster)> {
+        Self::start_with(test, false).await
+    }
+
+    /// The same, with RBAC enforced (`rbac`), as on a real cluster.
+    async fn start_with(test: &str, rbac: bool) -> Option<(Kubectl, TestCluster)> {
         let program = common::kubectl(test).await?;
-        let cluster = TestCluster::start().await.expect("the cluster starts");
+        let cluster = TestCluster::builder()
+            .rbac(rbac)
+            .start()
+            .await
+            .expect("the cluster starts");
         let dir = Workdir::new(test, &cluster);
         Some((Kubectl { program, dir }, cluster))
     }
@@ -656,7 +665,10 @@ async fn built_in(cluster: &TestCluster, path: &str) -> Value {
 #[allow(clippy::too_many_lines, reason = "one scenario, read top to bottom")]
 async fn kubectl_imperative_commands_send_protobuf_and_create_what_they_say() {
     const TEST: &str = "kubectl_imperative_commands_send_protobuf_and_create_what_they_say";
-    let Some((kubectl, cluster)) = Kubectl::start(TEST).await else {
+    // RBAC on the real server only: kubectl (client-go) sends no bearer token to a plain-HTTP
+    // server, and the emulator serves HTTP, so in its RBAC mode kubectl would be anonymous.
+    let real = kactor_testenv::Backend::from_env().unwrap() == kactor_testenv::Backend::ApiServer;
+    let Some((kubectl, cluster)) = Kubectl::start_with(TEST, real).await else {
         return;
     };
     // `kubectl create <kind>` and `kubectl run` send built-in kinds as protobuf, not JSON.
@@ -893,6 +905,43 @@ async fn kubectl_imperative_commands_send_protobuf_and_create_what_they_say() {
         .ok(&[n, &["auth", "can-i", "create", "configmaps"][..]].concat())
         .await;
     assert_eq!(can.trim(), "yes");
+    // `kubectl create token`: a service account's token (a TokenRequest, in protobuf), which then
+    // authenticates as that account (its RoleBinding lets it list ConfigMaps).
+    let token = kubectl
+        .ok(&[n, &["create", "token", "bot"][..]].concat())
+        .await;
+    let token = token.trim();
+    assert!(
+        !token.is_empty() && !token.contains(char::is_whitespace),
+        "{token:?}"
+    );
+    let as_bot = kubectl
+        .ok(&[
+            n,
+            &["auth", "can-i", "list", "configmaps", "--token", token][..],
+        ]
+        .concat())
+        .await;
+    assert_eq!(as_bot.trim(), "yes");
+    let output = run(
+        &mut kubectl.command(
+            &[
+                n,
+                &["auth", "can-i", "create", "configmaps", "--token", token][..],
+            ]
+            .concat(),
+        ),
+        CALL,
+    )
+    .await;
+    if real {
+        let answer = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(answer.trim(), "no", "RBAC holds for the token");
+    }
+    let error = kubectl
+        .fails(&[n, &["create", "token", "nobody"][..]].concat())
+        .await;
+    assert!(error.contains("not found"), "{error}");
     // What the cluster refuses, it refuses as for JSON: a second create is a conflict.
     let error = kubectl
         .fails(&[&["create", "configmap", "settings"][..], n].concat())

@@ -407,6 +407,28 @@ fn cases() -> Vec<Case> {
             &["400 BadRequest"],
         ),
         case(
+            "a service account's token (kubectl create token)",
+            vec![
+                post(
+                    "/api/v1/namespaces/{ns}/serviceaccounts",
+                    json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "bot"}}),
+                ),
+                post(
+                    "/api/v1/namespaces/{ns}/serviceaccounts/bot/token",
+                    json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}),
+                ),
+                post(
+                    "/api/v1/namespaces/{ns}/serviceaccounts/nobody/token",
+                    json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}),
+                ),
+                post(
+                    "/api/v1/namespaces/{ns}/serviceaccounts/bot/token",
+                    json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 60}}),
+                ),
+            ],
+            &["201", "201", "404 NotFound", "422 Invalid"],
+        ),
+        case(
             "an unsupported content type",
             vec![raw(Method::POST, CMS, "text/plain", "hello")],
             &["415 UnsupportedMediaType"],
