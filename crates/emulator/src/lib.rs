@@ -41,6 +41,7 @@ mod server;
 mod status;
 mod store;
 mod table;
+mod tls;
 mod validation;
 
 use std::net::SocketAddr;
@@ -59,6 +60,9 @@ pub use status::{ApiError, Cause};
 /// Why the emulator could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The TLS certificate or configuration could not be made ([`EmulatorBuilder::tls`]).
+    #[error("cannot set up TLS for the emulator: {0}")]
+    Tls(String),
     /// The port could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -107,6 +111,8 @@ pub struct Settings {
     /// Authorize every request by the RBAC objects stored in the emulator (see
     /// [`EmulatorBuilder::rbac`]). Default false: every request is allowed.
     pub rbac: bool,
+    /// Serve HTTPS with a self-signed certificate (see [`EmulatorBuilder::tls`]). Default false.
+    pub tls: bool,
 }
 
 impl Default for Settings {
@@ -117,6 +123,7 @@ impl Default for Settings {
             history_limit: 10_000,
             max_body_bytes: 3 * 1024 * 1024,
             rbac: false,
+            tls: false,
         }
     }
 }
@@ -182,6 +189,15 @@ impl EmulatorBuilder {
         self
     }
 
+    /// Serves HTTPS instead of HTTP (default: off), with a self-signed certificate for 127.0.0.1
+    /// and `localhost` made at start. [`Emulator::client`], [`Emulator::config`] and the kubeconfig
+    /// trust it. kubectl sends a kubeconfig's bearer token only over TLS: with the RBAC mode, this
+    /// is what lets kubectl act as the administrator or, with `--token`, as a service account.
+    pub fn tls(mut self, enabled: bool) -> Self {
+        self.settings.tls = enabled;
+        self
+    }
+
     /// Starts serving.
     pub async fn start(self) -> Result<Emulator, Error> {
         Emulator::with_settings(self.settings).await
@@ -193,6 +209,7 @@ pub struct Emulator {
     shared: Arc<server::Shared>,
     addr: SocketAddr,
     url: String,
+    tls: Option<Arc<tls::Tls>>,
     client: kube::Client,
     shutdown: watch::Sender<bool>,
 }
@@ -228,7 +245,11 @@ impl Emulator {
             addr: settings.addr,
             source,
         })?;
-        let url = format!("http://{addr}");
+        let tls = match settings.tls {
+            true => Some(Arc::new(tls::Tls::self_signed(addr)?)),
+            false => None,
+        };
+        let url = format!("{}://{addr}", if tls.is_some() { "https" } else { "http" });
         let (shutdown, shutdown_rx) = watch::channel(false);
         let state = Arc::new(Mutex::new(store::State::new(settings.history_limit)));
         let faults = Faults::new(state.clone());
@@ -239,18 +260,23 @@ impl Emulator {
             settings,
             shutdown: shutdown_rx,
         });
-        tokio::spawn(server::serve(listener, shared.clone()));
-        let client = kube::Client::try_from(config_for(&url))?;
+        tokio::spawn(server::serve(
+            listener,
+            tls.as_ref().map(|t| t.acceptor.clone()),
+            shared.clone(),
+        ));
+        let client = kube::Client::try_from(config_for(&url, tls.as_deref()))?;
         Ok(Emulator {
             shared,
             addr,
             url,
+            tls,
             client,
             shutdown,
         })
     }
 
-    /// The base URL, `http://127.0.0.1:PORT`.
+    /// The base URL, `http://127.0.0.1:PORT` (`https://` with [`EmulatorBuilder::tls`]).
     pub fn url(&self) -> &str {
         &self.url
     }
@@ -286,7 +312,12 @@ impl Emulator {
     /// (kube's default client retries 429, 503 and 504 answers by itself; set `default_retry = false`
     /// to see them).
     pub fn config(&self) -> kube::Config {
-        config_for(&self.url)
+        config_for(&self.url, self.tls.as_deref())
+    }
+
+    /// The PEM of the certificate it serves with [`EmulatorBuilder::tls`] (its own CA).
+    pub fn ca_pem(&self) -> Option<&str> {
+        self.tls.as_ref().map(|t| t.ca_pem.as_str())
     }
 
     /// A client that sends the token of the service account `namespace/name`
@@ -306,7 +337,7 @@ impl Emulator {
 
     /// The configuration of [`client_as_service_account`](Self::client_as_service_account).
     pub fn config_as_service_account(&self, namespace: &str, name: &str) -> kube::Config {
-        let mut config = config_for(&self.url);
+        let mut config = config_for(&self.url, self.tls.as_deref());
         config.default_namespace = namespace.to_string();
         config.auth_info.token = Some(service_account_token(namespace, name).into());
         config
@@ -399,7 +430,15 @@ impl Emulator {
 
     /// A kubeconfig for it: cluster, user and context `kactor-emulator`, namespace `default`.
     pub fn kubeconfig(&self) -> kube::config::Kubeconfig {
-        kubeconfig(&self.url)
+        let mut config = kubeconfig(&self.url);
+        if let (Some(tls), Some(cluster)) = (&self.tls, config.clusters.first_mut()) {
+            if let Some(cluster) = cluster.cluster.as_mut() {
+                use base64::Engine as _;
+                cluster.certificate_authority_data =
+                    Some(base64::engine::general_purpose::STANDARD.encode(&tls.ca_pem));
+            }
+        }
+        config
     }
 
     /// The kubeconfig as text any client reads (JSON is YAML).
@@ -434,12 +473,15 @@ impl Drop for Emulator {
     }
 }
 
-/// The administrator's configuration for an emulator at `url`.
-fn config_for(url: &str) -> kube::Config {
-    // A URL made of "http://" and a socket address always parses.
+/// The administrator's configuration for an emulator at `url`, trusting its certificate if it has one.
+fn config_for(url: &str, tls: Option<&tls::Tls>) -> kube::Config {
+    // A URL made of "http(s)://" and a socket address always parses.
     let uri: hyper::Uri = url.parse().expect("http://<socket address> is a valid URI");
     let mut config = kube::Config::new(uri);
     config.auth_info.token = Some(ADMIN_TOKEN.to_string().into());
+    if let Some(tls) = tls {
+        config.root_cert = Some(vec![tls.ca_der.to_vec()]);
+    }
     config
 }
 

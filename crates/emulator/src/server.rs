@@ -92,7 +92,11 @@ impl HttpBody for Body {
 }
 
 /// Accepts connections until shutdown.
-pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+pub(crate) async fn serve(
+    listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    shared: Arc<Shared>,
+) {
     let mut shutdown = shared.shutdown.clone();
     loop {
         tokio::select! {
@@ -106,7 +110,22 @@ pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                tokio::spawn(serve_connection(stream, shared.clone()));
+                match &tls {
+                    None => {
+                        tokio::spawn(serve_connection(stream, shared.clone()));
+                    }
+                    Some(acceptor) => {
+                        let (acceptor, shared) = (acceptor.clone(), shared.clone());
+                        tokio::spawn(async move {
+                            match acceptor.accept(stream).await {
+                                Ok(stream) => serve_connection(stream, shared).await,
+                                Err(error) => {
+                                    tracing::debug!(%error, "emulator: TLS handshake failed")
+                                }
+                            }
+                        });
+                    }
+                }
             }
             _ = stopped(&mut shutdown) => break,
         }

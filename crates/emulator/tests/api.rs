@@ -1824,3 +1824,37 @@ async fn a_saved_state_is_restored_as_it_was_by_another_emulator() {
     assert_eq!(second.object_count(), count, "nothing restored");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn with_tls_it_serves_https_that_its_client_and_kubeconfig_trust() {
+    let emulator = Emulator::builder().tls(true).start().await.unwrap();
+    assert!(
+        emulator.url().starts_with("https://127.0.0.1:"),
+        "{}",
+        emulator.url()
+    );
+    let version = emulator.client().apiserver_version().await.unwrap();
+    assert!(!version.git_version.is_empty());
+    // The kubeconfig carries the certificate, so any client of it trusts the server.
+    let kubeconfig = emulator.kubeconfig();
+    let cluster = kubeconfig.clusters[0].cluster.as_ref().unwrap();
+    assert!(cluster.certificate_authority_data.is_some());
+    let options = kube::config::KubeConfigOptions::default();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+        .await
+        .unwrap();
+    let client = kube::Client::try_from(config).unwrap();
+    let namespaces: Api<Namespace> = Api::all(client);
+    assert!(namespaces.get_opt("default").await.unwrap().is_some());
+    assert!(emulator
+        .ca_pem()
+        .unwrap()
+        .starts_with("-----BEGIN CERTIFICATE-----"));
+    // Plain HTTP to the TLS port gets no answer.
+    let plain = format!("http://{}/version", emulator.addr());
+    let mut config = kube::Config::new(plain.parse().unwrap());
+    config.connect_timeout = Some(Duration::from_secs(2));
+    config.read_timeout = Some(Duration::from_secs(2));
+    let http = kube::Client::try_from(config).unwrap();
+    assert!(http.apiserver_version().await.is_err());
+}

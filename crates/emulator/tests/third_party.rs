@@ -96,11 +96,13 @@ impl Kubectl {
         Self::start_with(test, false).await
     }
 
-    /// The same, with RBAC enforced (`rbac`), as on a real cluster.
+    /// The same, with RBAC enforced (`rbac`), as on a real cluster; the emulator then serves HTTPS,
+    /// since kubectl (client-go) sends no bearer token over plain HTTP.
     async fn start_with(test: &str, rbac: bool) -> Option<(Kubectl, TestCluster)> {
         let program = common::kubectl(test).await?;
         let cluster = TestCluster::builder()
             .rbac(rbac)
+            .emulator(|emulator| emulator.tls(rbac))
             .start()
             .await
             .expect("the cluster starts");
@@ -665,10 +667,7 @@ async fn built_in(cluster: &TestCluster, path: &str) -> Value {
 #[allow(clippy::too_many_lines, reason = "one scenario, read top to bottom")]
 async fn kubectl_imperative_commands_send_protobuf_and_create_what_they_say() {
     const TEST: &str = "kubectl_imperative_commands_send_protobuf_and_create_what_they_say";
-    // RBAC on the real server only: kubectl (client-go) sends no bearer token to a plain-HTTP
-    // server, and the emulator serves HTTP, so in its RBAC mode kubectl would be anonymous.
-    let real = kactor_testenv::Backend::from_env().unwrap() == kactor_testenv::Backend::ApiServer;
-    let Some((kubectl, cluster)) = Kubectl::start_with(TEST, real).await else {
+    let Some((kubectl, cluster)) = Kubectl::start_with(TEST, true).await else {
         return;
     };
     // `kubectl create <kind>` and `kubectl run` send built-in kinds as protobuf, not JSON.
@@ -934,10 +933,8 @@ async fn kubectl_imperative_commands_send_protobuf_and_create_what_they_say() {
         CALL,
     )
     .await;
-    if real {
-        let answer = String::from_utf8_lossy(&output.stdout);
-        assert_eq!(answer.trim(), "no", "RBAC holds for the token");
-    }
+    let answer = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(answer.trim(), "no", "RBAC holds for the token");
     let error = kubectl
         .fails(&[n, &["create", "token", "nobody"][..]].concat())
         .await;
