@@ -121,12 +121,7 @@ pub enum Error {
 /// label (`rbac.authorization.k8s.io` is `rbac`), `core` for the core group.
 pub(crate) fn descriptor_of(api_version: &str, kind: &str) -> Result<MessageDescriptor, Error> {
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-    let package = if group.is_empty() {
-        "core"
-    } else {
-        group.split('.').next().unwrap_or(group)
-    };
-    let name = format!("k8s.io.api.{package}.{version}.{kind}");
+    let name = format!("k8s.io.api.{}.{version}.{kind}", package_of(group));
     if GROUPS.contains(&group) {
         if let Some(descriptor) = message(&name) {
             return Ok(descriptor);
@@ -139,6 +134,15 @@ pub(crate) fn descriptor_of(api_version: &str, kind: &str) -> Result<MessageDesc
             .map(|g| if g.is_empty() { "core" } else { g })
             .join(", ")
     )))
+}
+
+/// The `.proto` package segment of an API group: its first label, `core` for the core group.
+fn package_of(group: &str) -> &str {
+    if group.is_empty() {
+        "core"
+    } else {
+        group.split('.').next().unwrap_or(group)
+    }
 }
 
 /// A message as Kubernetes' JSON; None for what Go's JSON would leave out (the zero `Time`).
@@ -619,12 +623,7 @@ mod tests {
     fn every_group_decoded_has_its_proto_vendored() {
         let files: Vec<String> = pool().files().map(|f| f.name().to_owned()).collect();
         for group in GROUPS {
-            let package = if group.is_empty() {
-                "core"
-            } else {
-                group.split('.').next().unwrap()
-            };
-            let file = format!("k8s.io/api/{package}/v1/generated.proto");
+            let file = format!("k8s.io/api/{}/v1/generated.proto", package_of(group));
             assert!(files.contains(&file), "{group:?}: {file} is not vendored");
         }
     }
