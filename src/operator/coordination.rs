@@ -65,13 +65,6 @@ impl Coordination {
                     settings.clusterwide = true;
                 }
             }
-            if settings.mode == PeeringMode::Mandatory {
-                // Paused from the start: the peering lifts this once it has seen that nobody outranks us.
-                operator.switch.set(
-                    kactor_peering::peering::CRD_MISSING,
-                    Some(format!("waiting for the peering `{}`", settings.name)),
-                );
-            }
             let (client, switch, stopped) =
                 (client.clone(), operator.switch.clone(), until_stopped());
             tasks.push(tokio::spawn(kactor_peering::peering::run(

@@ -42,6 +42,10 @@ use resources::{served_resources, PeeringResource};
 /// The toggle of the [`PauseSwitch`] held while mandatory peering has no CRD (Kopf's toggle name).
 pub const CRD_MISSING: &str = "peering CRD is missing";
 
+/// The pause toggle of a mandatory peering between [`run`] being called and its first look at the
+/// peering resources (replaced then by [`CRD_MISSING`] or the peering objects' own toggles).
+pub const STARTING: &str = "peering is starting";
+
 /// How often the served peering CRDs are looked for while there are none (or the last look failed).
 const DETECTION_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -163,8 +167,9 @@ pub enum PeeringError {
 ///   cluster-wide or `peering <name>@<namespace> (<plural>.<group>)`; any one of them pauses the
 ///   operator. A peer that leaves (its record removed) lifts the pause as soon as the watch event
 ///   arrives; one that dies lifts it at its expiry.
-/// * In [`PeeringMode::Mandatory`], every toggle is on from the start until the first look at the
-///   peering object shows no conflict, and stays on while the object is missing.
+/// * In [`PeeringMode::Mandatory`], the operator is paused from the moment `run` is called, before
+///   its future is first polled (the toggle [`STARTING`]), and every peering object's toggle is on
+///   until the first look at it shows no conflict, and stays on while the object is missing.
 /// * The records are byte-compatible with Kopf's: Kopf reads kactor's and kactor reads Kopf's.
 /// * All writes of this operator's own record are made one after another by one task, so the
 ///   removal at the end is the last write.
@@ -182,7 +187,28 @@ pub enum PeeringError {
 ///   work for the moment between its start and its first look at the peering object.
 /// * The removal of the record at the end waits at most 10 s for the API; a record that could not be
 ///   removed expires after its lifetime.
-pub async fn run(
+pub fn run(
+    client: kube::Client,
+    settings: PeeringSettings,
+    identity: String,
+    switch: PauseSwitch,
+    stop: impl Future<Output = ()>,
+) -> impl Future<Output = ()> {
+    // Set before the future is first polled: a spawned peering that has not run yet must not leave
+    // a mandatory operator working.
+    if settings.mode == PeeringMode::Mandatory {
+        switch.set(
+            STARTING,
+            Some(format!(
+                "waiting for the first look at the peering `{}`",
+                settings.name
+            )),
+        );
+    }
+    run_until(client, settings, identity, switch, stop)
+}
+
+async fn run_until(
     client: kube::Client,
     settings: PeeringSettings,
     identity: String,
@@ -341,6 +367,7 @@ impl Peering {
                             warned = true;
                         }
                         self.switch.set(CRD_MISSING, Some(reason));
+                        self.switch.set(STARTING, None);
                     } else if !warned {
                         tracing::warn!(
                             "The peering CRD {plural}.kopf.dev is not installed: running without \
@@ -384,6 +411,7 @@ impl Peering {
         if self.settings.mode == PeeringMode::Mandatory {
             tracing::error!("Pausing operations: {message}.");
             self.switch.set(CRD_MISSING, Some(message.to_string()));
+            self.switch.set(STARTING, None);
         } else {
             tracing::warn!("Running without peering: {message}.");
         }
@@ -429,6 +457,7 @@ impl Peering {
         }
         stale.extend(hoods.iter().map(|h| h.key().to_string()));
         self.switch.set(CRD_MISSING, None);
+        self.switch.set(STARTING, None);
 
         let (stopping, stopped) = watch::channel(false);
         let keepalives =

@@ -436,6 +436,13 @@ async fn mandatory_peering_with_create_missing_creates_the_missing_objects_and_p
         ..PeeringSettings::default()
     };
     let local = Operator::start(&client, namespaced, "local");
+    // Paused from the call on, before the spawned peering has run: waiting for "unpaused" cannot
+    // pass before the objects are created and seen.
+    assert!(
+        local.reasons().contains_key(peering::STARTING),
+        "{:?}",
+        local.reasons()
+    );
     local.wait_unpaused().await;
     let ns2 = peerings(&client, "kopf.dev", Some("ns2"));
     wait_record(&ns1, "local").await;
