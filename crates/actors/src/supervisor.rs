@@ -54,7 +54,9 @@ use crate::objects::{ActorEnv, ObjectHost, ObjectKey};
 use crate::tracker::Tracker;
 pub use kactor_reactor::resources::object_key as key_of;
 
-use crate::worker::{self, Deliver, Idle, Interrupted, ObjectWorker, Returned, Stop, WorkerShared};
+use crate::worker::{
+    self, Admission, Deliver, Idle, Interrupted, ObjectWorker, Returned, Stop, WorkerShared,
+};
 
 /// How many batches may wait to be routed while the watch stream fetches the next one.
 const IN_FLIGHT: usize = 4;
@@ -117,7 +119,74 @@ struct Batch(
     Instant,
     u64,
     tokio::sync::OwnedSemaphorePermit,
+    /// The places of its listed objects in the admission window (none: admitted without one).
+    Option<tokio::sync::OwnedSemaphorePermit>,
 );
+
+/// Flow control of a listing ([`Queueing::admission_window`](kactor_reactor::settings::Queueing::admission_window)):
+/// a batch with listed objects is routed once each of them has a place in the window (at most
+/// `patience` later), and each place is given back when that object's first cycle ends. Watch
+/// events are never held back: they are what the operator is there for, and come one by one.
+struct AdmissionWindow {
+    places: Option<Arc<Semaphore>>,
+    size: usize,
+    patience: std::time::Duration,
+    /// Resource handlers wait until the indexes are populated, which needs the whole listing:
+    /// holding places until then could never end.
+    indexes: Option<Indexes>,
+    label: String,
+}
+
+impl AdmissionWindow {
+    fn new(
+        queueing: &kactor_reactor::settings::Queueing,
+        indexes: Option<Indexes>,
+        label: String,
+    ) -> Self {
+        let size = queueing.admission_window.min(Semaphore::MAX_PERMITS);
+        AdmissionWindow {
+            places: (size > 0).then(|| Arc::new(Semaphore::new(size))),
+            size,
+            patience: queueing.admission_patience,
+            indexes,
+            label,
+        }
+    }
+
+    /// Waits for places for the batch's listed objects (at most the patience), and takes them.
+    async fn admit(&mut self, batch: &[WatchItem]) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let places = self.places.as_ref()?;
+        if self
+            .indexes
+            .as_ref()
+            .is_some_and(|indexes| !indexes.is_ready())
+        {
+            return None;
+        }
+        let listed = batch
+            .iter()
+            .filter(|item| matches!(item, WatchItem::Listed(_)))
+            .count();
+        if listed == 0 {
+            return None;
+        }
+        let wanted = u32::try_from(listed.min(self.size)).unwrap_or(u32::MAX);
+        let waiting = places.clone().acquire_many_owned(wanted);
+        match tokio::time::timeout(self.patience, waiting).await {
+            Ok(Ok(taken)) => Some(taken),
+            Ok(Err(_)) => None,
+            Err(_) => {
+                tracing::debug!(
+                    supervisor = %self.label,
+                    "The listing goes on: {} listed objects are still in their first cycle after {:?}.",
+                    self.size - places.available_permits(),
+                    self.patience,
+                );
+                None
+            }
+        }
+    }
+}
 
 /// The watch stream ended for good.
 #[derive(Message)]
@@ -266,7 +335,13 @@ impl ResourceSupervisor {
         }
     }
 
-    fn route(&mut self, event_type: EventType, object: DynamicObject, received: Instant) {
+    fn route(
+        &mut self,
+        event_type: EventType,
+        object: DynamicObject,
+        received: Instant,
+        admission: Option<Admission>,
+    ) {
         let key = key_of(&self.config.resource, &object);
         let body = Arc::new(object);
         if let Some(store) = &self.store {
@@ -320,6 +395,7 @@ impl ResourceSupervisor {
             record.body = Some(body.clone());
         }
         let mut deliver = Deliver::event(event_type, body, record.sent, received);
+        deliver.admission = admission;
         if let Some(triggers) = record.paused_triggers.take() {
             deliver.triggers = *triggers;
         }
@@ -409,6 +485,11 @@ impl ResourceSupervisor {
         self.generation += 1;
         let generation = self.generation;
         let address = ctx.address();
+        let mut admission = AdmissionWindow::new(
+            &config.settings.queueing,
+            config.indexes.clone(),
+            self.label.clone(),
+        );
         tracing::debug!(supervisor = %self.label, "watching");
         self.watch = Some(config.runtime.spawn(async move {
             // Up to IN_FLIGHT batches wait to be routed while the next page is fetched and decoded;
@@ -417,25 +498,47 @@ impl ResourceSupervisor {
             // where `send` parks it when the mailbox is full (triggers of related kinds fill it),
             // to be delivered only when its future is polled again, which a stream waiting for its
             // next event never does: a listing's last page could wait for good, or be overtaken.
-            let permits = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
-            loop {
-                match watcher.next_batch().await {
-                    Ok(batch) => {
-                        let Ok(permit) = permits.clone().acquire_owned().await else {
-                            return;
-                        };
-                        if !address.connected() {
-                            return;
-                        }
-                        address.do_send(Batch(batch, Instant::now(), generation, permit));
-                    }
-                    Err(error) => {
-                        // Told after every batch before it was routed (their permits are back).
-                        let _ = permits.acquire_many(IN_FLIGHT as u32).await;
-                        address.do_send(WatchEnded(error, generation));
-                        return;
+            //
+            // The next page is fetched while a batch waits for room in the admission window, so
+            // the window's wait and the page's round trip overlap.
+            let (pages, mut fetched) = tokio::sync::mpsc::channel(1);
+            let fetch = async move {
+                loop {
+                    let batch = watcher.next_batch().await;
+                    let ended = batch.is_err();
+                    if pages.send((batch, Instant::now())).await.is_err() || ended {
+                        break;
                     }
                 }
+                // The routing below ends the task, once it has routed what was fetched.
+                std::future::pending::<()>().await;
+            };
+            let route = async move {
+                let permits = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
+                while let Some((batch, received)) = fetched.recv().await {
+                    match batch {
+                        Ok(batch) => {
+                            let Ok(permit) = permits.clone().acquire_owned().await else {
+                                return;
+                            };
+                            let admitted = admission.admit(&batch).await;
+                            if !address.connected() {
+                                return;
+                            }
+                            address.do_send(Batch(batch, received, generation, permit, admitted));
+                        }
+                        Err(error) => {
+                            // Told after every batch before it was routed (their permits are back).
+                            let _ = permits.acquire_many(IN_FLIGHT as u32).await;
+                            address.do_send(WatchEnded(error, generation));
+                            return;
+                        }
+                    }
+                }
+            };
+            tokio::select! {
+                () = fetch => {}
+                () = route => {}
             }
         }));
     }
@@ -476,7 +579,7 @@ impl ResourceSupervisor {
                 data: serde_json::Value::Object(Default::default()),
             };
             tracing::debug!(supervisor = %self.label, object = %key, "the object vanished while the stream was down; dispatching its deletion");
-            self.route(EventType::Deleted, body, received);
+            self.route(EventType::Deleted, body, received, None);
         }
     }
 }
@@ -574,7 +677,7 @@ impl Handler<Batch> for ResourceSupervisor {
 
     fn handle(
         &mut self,
-        Batch(items, received, generation, _routing): Batch,
+        Batch(items, received, generation, _routing, mut admitted): Batch,
         _: &mut Context<Self>,
     ) {
         if generation != self.generation || self.watch.is_none() {
@@ -583,9 +686,18 @@ impl Handler<Batch> for ResourceSupervisor {
         }
         for item in items {
             match item {
-                WatchItem::Listed(object) => self.route(EventType::Listed, object, received),
+                WatchItem::Listed(object) => {
+                    // Its place goes with its delivery; an object left as it is gives it back now.
+                    let place = admitted
+                        .as_mut()
+                        .and_then(|places| places.split(1))
+                        .map(|place| Admission(Arc::new(place)));
+                    self.route(EventType::Listed, object, received, place)
+                }
                 WatchItem::ListDone => self.finish_listing(received),
-                WatchItem::Event(event_type, object) => self.route(event_type, object, received),
+                WatchItem::Event(event_type, object) => {
+                    self.route(event_type, object, received, None)
+                }
             }
         }
     }

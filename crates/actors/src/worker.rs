@@ -87,7 +87,17 @@ pub struct Deliver {
     pub synthetic: bool,
     /// The reconcile triggers it carries (gathered when events coalesce).
     pub triggers: Triggers,
+    /// A listed object's place in the listing's admission window, given back when the cycle that
+    /// processes this delivery ends.
+    pub admission: Option<Admission>,
 }
+
+/// A listed object's place in its supervisor's admission window
+/// ([`Queueing::admission_window`](kactor_reactor::settings::Queueing::admission_window)): it
+/// travels with the delivery and is given back when the cycle that processes it ends, or when the
+/// delivery is dropped. The listing routes its next page only when there is room.
+#[derive(Clone, Debug)]
+pub struct Admission(pub Arc<tokio::sync::OwnedSemaphorePermit>);
 
 impl Deliver {
     /// A watch event of the object.
@@ -104,6 +114,7 @@ impl Deliver {
             received,
             synthetic: false,
             triggers: Triggers::default(),
+            admission: None,
         }
     }
 
@@ -118,6 +129,7 @@ impl Deliver {
             received: Instant::now(),
             synthetic: true,
             triggers,
+            admission: None,
         }
     }
 
@@ -139,6 +151,8 @@ impl Deliver {
         triggers.absorb(then);
         kept.triggers = triggers;
         kept.seq = seq;
+        // Still one object waiting for its cycle: it keeps its place in the window.
+        kept.admission = kept.admission.take().or(other.admission);
         kept
     }
 }
@@ -332,6 +346,13 @@ impl ObjectWorker {
             self.carry_out(effect, ctx);
         }
         self.arriving = None;
+        if !matches!(self.phase, Phase::Busy(_)) {
+            // Held for a timer (a throttled object) or a pause: this worker's place in the
+            // listing's window is not what bounds it, so the listing need not wait for it.
+            if let Some(pending) = &mut self.pending {
+                pending.admission = None;
+            }
+        }
     }
 
     fn carry_out(&mut self, effect: Effect, ctx: &mut Context<Self>) {
@@ -562,6 +583,8 @@ impl ObjectWorker {
             // Taken by this cycle: a rerun of the same event has none of them.
             triggers: std::mem::take(&mut event.triggers),
         };
+        // Given back when this cycle ends; a rerun of the same event is not a listed object's first.
+        let admission = event.admission.take();
         let span = self.span(&event.body);
         self.last = Some(event);
         let processor = self.shared.processor.clone();
@@ -573,6 +596,7 @@ impl ObjectWorker {
         let address = ctx.address();
         let cycle = async move {
             let result = processor.process(input, &mut memory).await;
+            drop(admission);
             address.do_send(CycleDone { result, memory });
         };
         self.shared

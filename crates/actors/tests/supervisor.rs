@@ -30,6 +30,17 @@ struct Supervised {
 
 impl Supervised {
     async fn start(widgets: &[&str], func: HandlerFn, idle_timeout: Duration) -> Supervised {
+        Supervised::start_with(widgets, func, |settings| {
+            settings.queueing.idle_timeout = idle_timeout;
+        })
+        .await
+    }
+
+    async fn start_with(
+        widgets: &[&str],
+        func: HandlerFn,
+        configure: impl FnOnce(&mut Settings),
+    ) -> Supervised {
         let cluster = TestCluster::start().await.unwrap();
         let api = samples::install_widgets(&cluster.client()).await.unwrap();
         for name in widgets {
@@ -51,7 +62,7 @@ impl Supervised {
             func,
         };
         let mut settings = Settings::default();
-        settings.queueing.idle_timeout = idle_timeout;
+        configure(&mut settings);
         let config = SupervisorConfig {
             resource: Arc::new(resource),
             namespace: Some("default".into()),
@@ -176,6 +187,91 @@ async fn a_relist_while_a_cycle_runs_dispatches_what_the_paused_worker_dropped()
     gate.add_permits(1);
     until("the dropped change is handled", || {
         seen.lock().unwrap().last() == Some(&2)
+    })
+    .await;
+    supervised.stop().await;
+}
+
+/// Waits (up to 10 s) until the supervisor knows `objects` objects.
+async fn census_reaches(supervised: &Supervised, objects: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let census = supervised.supervisor.send(Count).await.unwrap();
+        if census.objects >= objects {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{objects} objects routed: {census:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Twelve widgets listed two per page, a window of four places, and a handler that blocks until the
+/// test lets it go: the first cycles of four objects hold the window, and the listing waits.
+async fn listing_behind_blocked_handlers(
+    patience: Duration,
+) -> (Supervised, Arc<Semaphore>, Arc<AtomicUsize>) {
+    let gate = Arc::new(Semaphore::new(0));
+    let handled = Arc::new(AtomicUsize::new(0));
+    let (held, counter) = (gate.clone(), handled.clone());
+    let func = handler_fn(move |_: Ctx| {
+        let (gate, counter) = (held.clone(), counter.clone());
+        async move {
+            gate.acquire().await.expect("the gate stays open").forget();
+            counter.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+    });
+    let names: Vec<String> = (0..12).map(|i| format!("w{i:02}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let supervised = Supervised::start_with(&names, func, |settings| {
+        settings.watching.list_page_size = 2;
+        settings.queueing.admission_window = 4;
+        settings.queueing.admission_patience = patience;
+    })
+    .await;
+    (supervised, gate, handled)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_routes_objects_only_as_fast_as_their_first_cycles_end() {
+    let (supervised, gate, handled) =
+        listing_behind_blocked_handlers(Duration::from_secs(60)).await;
+    census_reaches(&supervised, 4).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let census = supervised.supervisor.send(Count).await.unwrap();
+    assert_eq!(
+        census.objects, 4,
+        "only the window's objects are routed: {census:?}"
+    );
+
+    // Each cycle that ends makes room for the next listed object, until all are handled.
+    gate.add_permits(12);
+    until("every object handled", || {
+        handled.load(Ordering::Relaxed) == 12
+    })
+    .await;
+    let census = supervised.supervisor.send(Count).await.unwrap();
+    assert_eq!(census.objects, 12, "{census:?}");
+    supervised.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_goes_on_after_its_patience_when_first_cycles_do_not_end() {
+    let (supervised, gate, handled) =
+        listing_behind_blocked_handlers(Duration::from_millis(100)).await;
+    // Stuck cycles slow the listing down, never stop it: every object gets its worker.
+    census_reaches(&supervised, 12).await;
+    assert_eq!(
+        handled.load(Ordering::Relaxed),
+        0,
+        "no handler was let go yet"
+    );
+    gate.add_permits(12);
+    until("every object handled", || {
+        handled.load(Ordering::Relaxed) == 12
     })
     .await;
     supervised.stop().await;

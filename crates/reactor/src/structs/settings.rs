@@ -125,6 +125,16 @@ pub struct Queueing {
     /// `.0` at each consecutive error up to `.1`, and reset by a success (controller-runtime's
     /// per-item exponential backoff: 5 ms to 1000 s).
     pub reconcile_backoff: (Duration, Duration),
+    /// At most this many listed objects wait for, or run, their first processing cycle at once
+    /// (kactor; 0: no limit, as Kopf). The listing goes on fetching pages only as fast as the
+    /// objects already listed get through their first cycle, so that listing 100,000 objects
+    /// does not hold 100,000 bodies and workers while they wait for the
+    /// [`max_concurrent_handlers`](Execution::max_concurrent_handlers). Default 2048.
+    pub admission_window: usize,
+    /// How long the listing waits for room in the [`admission_window`](Queueing::admission_window)
+    /// before it routes the next page anyway: slow or stuck first cycles slow the listing down but
+    /// never stop it (kactor). Default 1 s.
+    pub admission_patience: Duration,
 }
 
 impl Queueing {
@@ -151,6 +161,8 @@ impl Default for Queueing {
                 .map(Duration::from_secs)
                 .collect(),
             reconcile_backoff: (Duration::from_millis(5), Duration::from_secs(1000)),
+            admission_window: 2048,
+            admission_patience: Duration::from_secs(1),
         }
     }
 }
