@@ -9,6 +9,7 @@
 //! actors of objects are in [`objects`].
 
 pub mod daemons;
+mod keys;
 pub mod memory;
 pub mod objects;
 pub mod phase;

@@ -171,7 +171,10 @@ impl Clock {
 }
 
 /// What survives between the cycles of one object, in memory (Kopf's `ResourceMemory`).
-#[derive(Default)]
+///
+/// Every known object has one, so an idle object's memory holds nothing on the heap (see
+/// [`ObjectMemory::shed`]): a small allocation kept per object, made during a burst among the
+/// workers' and bodies', would keep a page of the burst resident per object after the burst.
 pub struct ObjectMemory {
     /// First seen in the initial listing (resume handlers apply).
     pub noticed_by_listing: bool,
@@ -199,6 +202,50 @@ pub struct ObjectMemory {
     /// Index handlers (by id) that failed for this object: left out for good (None) or until then.
     /// Boxed: most objects never have one, and every object has a memory.
     pub index_excluded: Option<Box<std::collections::HashMap<String, Option<Instant>>>>,
+}
+
+/// The set of no stopped daemons, shared by every memory that has none (copied on write).
+fn none_stopped() -> Arc<HashSet<String>> {
+    static NONE: OnceLock<Arc<HashSet<String>>> = OnceLock::new();
+    NONE.get_or_init(Arc::default).clone()
+}
+
+impl Default for ObjectMemory {
+    fn default() -> Self {
+        ObjectMemory {
+            noticed_by_listing: false,
+            fully_handled_once: false,
+            remaining: Vec::new(),
+            oversized_diff_base: None,
+            forever_stopped: none_stopped(),
+            seen_essence: None,
+            cause_base: None,
+            superseded: Vec::new(),
+            reconcile: Vec::new(),
+            index_excluded: None,
+        }
+    }
+}
+
+impl ObjectMemory {
+    /// Lets go of the heap it holds for nothing, once its worker stopped: the capacity of empty
+    /// lists, a set of stopped daemons that is empty.
+    pub fn shed(&mut self) {
+        if self.forever_stopped.is_empty() {
+            self.forever_stopped = none_stopped();
+        }
+        if self.remaining.is_empty() {
+            self.remaining = Vec::new();
+        }
+        if self.superseded.is_empty() {
+            self.superseded = Vec::new();
+        } else {
+            self.superseded.shrink_to_fit();
+        }
+        if self.reconcile.is_empty() {
+            self.reconcile = Vec::new();
+        }
+    }
 }
 
 /// What a reconcile handler's runs leave for the next, per object.
@@ -1623,5 +1670,37 @@ fn capitalize(text: &str) -> String {
     match chars.next() {
         Some(first) => first.to_uppercase().chain(chars).collect(),
         None => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod memory_tests {
+    use super::ObjectMemory;
+    use std::sync::Arc;
+
+    #[test]
+    fn an_idle_memory_sheds_empty_capacity_and_keeps_what_it_knows() {
+        let mut memory = ObjectMemory::default();
+        memory.superseded.reserve(16);
+        Arc::make_mut(&mut memory.forever_stopped).insert("d1".into());
+        memory.shed();
+        assert_eq!(memory.superseded.capacity(), 0);
+        assert!(
+            memory.forever_stopped.contains("d1"),
+            "what ended stays ended"
+        );
+
+        // An emptied set is the shared empty one again; writing to it copies it.
+        let mut other = ObjectMemory::default();
+        Arc::make_mut(&mut memory.forever_stopped).clear();
+        memory.shed();
+        assert!(Arc::ptr_eq(&memory.forever_stopped, &other.forever_stopped));
+        Arc::make_mut(&mut other.forever_stopped).insert("d2".into());
+        assert!(memory.forever_stopped.is_empty());
+
+        let mut kept = ObjectMemory::default();
+        kept.superseded.push("12".into());
+        kept.shed();
+        assert_eq!(kept.superseded, ["12"], "versions still awaited are kept");
     }
 }

@@ -161,6 +161,12 @@ impl Memo {
         previous.and_then(|p| p.downcast::<T>().ok()).map(|p| *p)
     }
 
+    /// Whether nothing was ever put in it and nobody else holds it.
+    pub fn is_unused(&self) -> bool {
+        Arc::strong_count(&self.0) == 1
+            && self.0.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+    }
+
     /// A copy of the value in this type's slot.
     pub fn get<T: Clone + Send + 'static>(&self) -> Option<T> {
         let guard = self.0.lock().unwrap_or_else(|p| p.into_inner());
@@ -717,3 +723,20 @@ pub type ActivityFn = Arc<dyn Fn(ActivityCtx) -> BoxFuture<'static, HandlerResul
 /// A probe function: what it returns is its entry in the liveness JSON.
 pub type ProbeFn =
     Arc<dyn Fn(ActivityCtx) -> BoxFuture<'static, Result<Value, HandlerError>> + Send + Sync>;
+
+#[cfg(test)]
+mod tests {
+    use super::Memo;
+
+    #[test]
+    fn a_memo_is_unused_until_a_value_is_put_in_it_and_while_nobody_else_holds_it() {
+        let memo = Memo::default();
+        assert!(memo.is_unused());
+        let held = memo.clone();
+        assert!(!memo.is_unused(), "a handler may still put a value in it");
+        drop(held);
+        assert!(memo.is_unused());
+        memo.insert(7_u32);
+        assert!(!memo.is_unused());
+    }
+}
