@@ -108,7 +108,28 @@ pub struct Collection {
     compacted: u64,
     /// Wakes watchers; carries the newest resourceVersion.
     notify: watch::Sender<u64>,
+    /// The collection as of past resourceVersions that paginated lists are reading (see
+    /// [`PastView`]), the most recently used last.
+    past: Vec<PastView>,
 }
+
+/// What a past resourceVersion's objects were, for the pages of a list consistent as of it: for
+/// each object changed since, its state then (None: it did not exist). Built once from the history
+/// and brought up to date page by page, so that a long listing (an operator that pages through its
+/// listing as fast as it handles it, while writing to every object) costs each page its own
+/// objects, not every event since the listing began.
+struct PastView {
+    /// The resourceVersion the list is consistent as of.
+    rv: u64,
+    /// The events up to this resourceVersion are folded in.
+    upto: u64,
+    /// The objects changed since `rv`, as they were then.
+    overrides: BTreeMap<ObjKey, Option<Arc<Value>>>,
+}
+
+/// At most this many past views are kept per collection (lists paging at once as of different
+/// versions); the least recently used goes first.
+const PAST_VIEWS_KEPT: usize = 4;
 
 impl Collection {
     fn new(rtype: Arc<ResourceType>) -> Self {
@@ -119,7 +140,46 @@ impl Collection {
             log: VecDeque::new(),
             compacted: 0,
             notify: watch::channel(0).0,
+            past: Vec::new(),
         }
+    }
+
+    /// The view of the collection as of `rv` (`now` being the newest version), brought up to
+    /// date with the history: its place in `past`, where it is now the most recently used.
+    fn past_view(&mut self, rv: u64, now: u64) -> usize {
+        let compacted = self.compacted;
+        self.past.retain(|view| view.rv >= compacted);
+        let at = match self.past.iter().position(|view| view.rv == rv) {
+            Some(at) => {
+                let view = self.past.remove(at);
+                self.past.push(view);
+                self.past.len() - 1
+            }
+            None => {
+                if self.past.len() >= PAST_VIEWS_KEPT {
+                    self.past.remove(0);
+                }
+                self.past.push(PastView {
+                    rv,
+                    upto: rv,
+                    overrides: BTreeMap::new(),
+                });
+                self.past.len() - 1
+            }
+        };
+        if rv < now {
+            // The events since the view was last brought up to date; the first event of an object
+            // after `rv` says what it was then.
+            let view = &mut self.past[at];
+            let first_after = self.log.partition_point(|e| e.rv <= view.upto);
+            for event in self.log.range(first_after..) {
+                view.overrides
+                    .entry(event.key.clone())
+                    .or_insert_with(|| event.old.clone());
+                view.upto = event.rv;
+            }
+        }
+        at
     }
 }
 
@@ -453,8 +513,13 @@ impl State {
     }
 
     /// One page of a list; consistent across pages as of the first page's resourceVersion.
-    pub fn list(&self, gr: &GroupResource, options: &ListOptions) -> ApiResult<ListPage> {
-        let collection = self.collection(gr)?;
+    pub fn list(&mut self, gr: &GroupResource, options: &ListOptions) -> ApiResult<ListPage> {
+        let now = self.rv;
+        let collection = self
+            .collections
+            .get_mut(gr)
+            .filter(|c| c.served)
+            .ok_or_else(|| ApiError::no_route(&gr.to_string()))?;
         let (at, start) = match &options.continue_token {
             Some(token) => {
                 let (rv, start) = decode_continue(token)?;
@@ -462,25 +527,22 @@ impl State {
             }
             None => (options.exact_rv, None),
         };
-        let rv = at.unwrap_or(self.rv);
-        // The objects as of `rv`: the current ones, with every later change undone from the history.
-        let mut overrides: BTreeMap<&ObjKey, Option<&Arc<Value>>> = BTreeMap::new();
-        if rv < self.rv {
-            if rv < collection.compacted {
-                return Err(if options.continue_token.is_some() {
-                    ApiError::expired("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results.")
-                } else {
-                    ApiError::expired(format!(
-                        "too old resource version: {rv} ({})",
-                        collection.compacted
-                    ))
-                });
-            }
-            let first_after = collection.log.partition_point(|e| e.rv <= rv);
-            for event in collection.log.range(first_after..).rev() {
-                overrides.insert(&event.key, event.old.as_ref());
-            }
+        let rv = at.unwrap_or(now);
+        let unselective = options.labels.is_empty() && options.fields.is_empty();
+        if rv < now && rv < collection.compacted {
+            return Err(if options.continue_token.is_some() {
+                ApiError::expired("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results.")
+            } else {
+                ApiError::expired(format!(
+                    "too old resource version: {rv} ({})",
+                    collection.compacted
+                ))
+            });
         }
+        // The objects as of `rv`: the current ones, with every later change undone from the history.
+        let view_at = collection.past_view(rv, now);
+        let collection = &*collection;
+        let view = &collection.past[view_at];
         let lower = match &start {
             Some(key) => std::ops::Bound::Excluded(key.clone()),
             None => match &options.namespace {
@@ -491,13 +553,22 @@ impl State {
         let current = collection
             .objects
             .range((lower.clone(), std::ops::Bound::Unbounded));
-        let past = overrides.range::<ObjKey, _>((lower, std::ops::Bound::Unbounded));
+        let past = view
+            .overrides
+            .range::<ObjKey, _>((lower, std::ops::Bound::Unbounded));
         let merged = MergeAsOf::new(current, past);
         let mut items = Vec::new();
         let mut last_key: Option<ObjKey> = None;
         let mut more = false;
         let mut remaining = 0usize;
-        let unselective = options.labels.is_empty() && options.fields.is_empty();
+        // How many objects the list holds in all and how many earlier pages returned, when the
+        // token says (the first page of an unselective list counted them): the objects after this
+        // page are then not counted one by one.
+        let known = options
+            .continue_token
+            .as_deref()
+            .and_then(counts_of)
+            .filter(|_| unselective);
         for (key, object) in merged {
             if options.namespace.as_ref().is_some_and(|ns| *ns != key.0) {
                 if options.namespace.as_ref().is_some_and(|ns| *ns < key.0) {
@@ -510,7 +581,7 @@ impl State {
             }
             if options.limit > 0 && items.len() >= options.limit {
                 more = true;
-                if !unselective {
+                if !unselective || known.is_some() {
                     break;
                 }
                 remaining += 1;
@@ -519,11 +590,25 @@ impl State {
             last_key = Some(key.clone());
             items.push(object.clone());
         }
+        let counts = match known {
+            Some((total, returned)) => {
+                remaining = total.saturating_sub(returned + items.len());
+                Some((total, returned + items.len()))
+            }
+            // The first page counted the rest.
+            None if unselective && start.is_none() => Some((items.len() + remaining, items.len())),
+            None => None,
+        };
         let continue_token = match (more, last_key) {
-            (true, Some(key)) => Some(encode_continue(rv, &key)),
+            (true, Some(key)) => Some(encode_continue(rv, &key, counts)),
             _ => None,
         };
         let remaining = (more && unselective).then_some(remaining);
+        if continue_token.is_none() {
+            // The last page: the view goes (a list as of the same version may build it again).
+            let collection = self.collections.get_mut(gr).expect("looked up above");
+            collection.past.retain(|view| view.rv != rv);
+        }
         Ok(ListPage {
             items,
             rv,
@@ -1386,7 +1471,7 @@ impl State {
 struct MergeAsOf<'a, C, P>
 where
     C: Iterator<Item = (&'a ObjKey, &'a Arc<Value>)>,
-    P: Iterator<Item = (&'a &'a ObjKey, &'a Option<&'a Arc<Value>>)>,
+    P: Iterator<Item = (&'a ObjKey, &'a Option<Arc<Value>>)>,
 {
     current: std::iter::Peekable<C>,
     past: std::iter::Peekable<P>,
@@ -1395,7 +1480,7 @@ where
 impl<'a, C, P> MergeAsOf<'a, C, P>
 where
     C: Iterator<Item = (&'a ObjKey, &'a Arc<Value>)>,
-    P: Iterator<Item = (&'a &'a ObjKey, &'a Option<&'a Arc<Value>>)>,
+    P: Iterator<Item = (&'a ObjKey, &'a Option<Arc<Value>>)>,
 {
     fn new(current: C, past: P) -> Self {
         MergeAsOf {
@@ -1408,7 +1493,7 @@ where
 impl<'a, C, P> Iterator for MergeAsOf<'a, C, P>
 where
     C: Iterator<Item = (&'a ObjKey, &'a Arc<Value>)>,
-    P: Iterator<Item = (&'a &'a ObjKey, &'a Option<&'a Arc<Value>>)>,
+    P: Iterator<Item = (&'a ObjKey, &'a Option<Arc<Value>>)>,
 {
     type Item = (&'a ObjKey, &'a Arc<Value>);
 
@@ -1418,19 +1503,19 @@ where
                 (None, None) => return None,
                 (Some(_), None) => std::cmp::Ordering::Less,
                 (None, Some(_)) => std::cmp::Ordering::Greater,
-                (Some((c, _)), Some((p, _))) => (*c).cmp(**p),
+                (Some((c, _)), Some((p, _))) => (*c).cmp(*p),
             };
             match order {
                 std::cmp::Ordering::Less => return self.current.next(),
                 std::cmp::Ordering::Greater => {
                     if let Some((key, Some(object))) = self.past.next() {
-                        return Some((*key, *object));
+                        return Some((key, object));
                     }
                 }
                 std::cmp::Ordering::Equal => {
                     self.current.next();
                     if let Some((key, Some(object))) = self.past.next() {
-                        return Some((*key, *object));
+                        return Some((key, object));
                     }
                 }
             }
@@ -1752,10 +1837,29 @@ fn set_pointer(object: &mut Value, pointer: &str, value: Value) {
     *target = value;
 }
 
-fn encode_continue(rv: u64, key: &ObjKey) -> String {
+/// A continue token as a real API server writes it (its `rv` and `start`), with, for an
+/// unselective list, how many objects it holds in all and how many the pages so far returned (the
+/// emulator's own, for `remainingItemCount` without counting the rest on every page).
+fn encode_continue(rv: u64, key: &ObjKey, counts: Option<(usize, usize)>) -> String {
     use base64::Engine;
-    let token = json!({"v": "meta.k8s.io/v1", "rv": rv, "start": format!("{}/{}", key.0, key.1)});
+    let mut token =
+        json!({"v": "meta.k8s.io/v1", "rv": rv, "start": format!("{}/{}", key.0, key.1)});
+    if let Some((total, returned)) = counts {
+        token["total"] = json!(total);
+        token["returned"] = json!(returned);
+    }
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token.to_string())
+}
+
+/// The list's total and what the pages before this (valid) continue token returned, if it says.
+fn counts_of(token: &str) -> Option<(usize, usize)> {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token.trim_end_matches('='))
+        .ok()?;
+    let value: Value = serde_json::from_slice(&bytes).ok()?;
+    let count = |field: &str| usize::try_from(value[field].as_u64()?).ok();
+    Some((count("total")?, count("returned")?))
 }
 
 fn decode_continue(token: &str) -> ApiResult<(u64, ObjKey)> {
@@ -1905,6 +2009,98 @@ mod tests {
         assert_eq!(names, ["c", "d"]);
         assert_eq!(second.rv, first.rv);
         assert!(second.continue_token.is_none());
+    }
+
+    /// The pages of two lists taken while objects are patched, made and deleted between every
+    /// page: each list is what the collection held when it began, whatever the order of their pages
+    /// (the past views are brought up to date page by page), with the right count of the rest.
+    #[test]
+    fn long_paginated_lists_stay_consistent_while_every_object_is_written() {
+        let mut state = State::new(10_000);
+        state
+            .create(
+                &GroupResource::new(CRDS.0, CRDS.1),
+                None,
+                widgets_crd(),
+                Write::default(),
+            )
+            .unwrap();
+        let gr = GroupResource::new("example.com", "widgets");
+        let name = |i: usize| format!("w{i:03}");
+        for i in 0..60 {
+            state
+                .create(&gr, Some("default"), widget(&name(i)), Write::default())
+                .unwrap();
+        }
+        let snapshot = |state: &mut State| -> Vec<Value> {
+            let all = state.list(&gr, &ListOptions::default()).unwrap();
+            all.items.iter().map(|o| (**o).clone()).collect()
+        };
+        let mut expected = vec![snapshot(&mut state)];
+        let mut tokens: Vec<Option<String>> = vec![None, None];
+        let mut got: Vec<Vec<Value>> = vec![Vec::new(), Vec::new()];
+        let mut done = [false, false];
+        let mut step = 0;
+        while !done.iter().all(|d| *d) {
+            // The second list begins after the first list's third page.
+            for list in 0..2 {
+                if done[list] || (list == 1 && step < 3) {
+                    continue;
+                }
+                if list == 1 && got[1].is_empty() && tokens[1].is_none() && expected.len() == 1 {
+                    expected.push(snapshot(&mut state));
+                }
+                let page = state
+                    .list(
+                        &gr,
+                        &ListOptions {
+                            limit: 7,
+                            continue_token: tokens[list].clone(),
+                            ..Default::default()
+                        },
+                    )
+                    .unwrap();
+                got[list].extend(page.items.iter().map(|o| (**o).clone()));
+                let expected_rest = expected[list].len() - got[list].len();
+                match &page.continue_token {
+                    Some(_) => assert_eq!(page.remaining, Some(expected_rest), "list {list}"),
+                    None => assert_eq!(expected_rest, 0, "list {list}"),
+                }
+                tokens[list] = page.continue_token.clone();
+                done[list] = page.continue_token.is_none();
+            }
+            // Between pages: every object patched, one deleted, one made.
+            for i in 0..60 {
+                let _ = state.patch(
+                    &gr,
+                    &key(&name(i)),
+                    PatchKind::Merge,
+                    &json!({"spec": {"size": step + 2}}),
+                    Subresource::Main,
+                    Write::default(),
+                );
+            }
+            let _ = state.delete(&gr, &key(&name(step * 2)), &DeleteOptions::default());
+            state
+                .create(
+                    &gr,
+                    Some("default"),
+                    widget(&name(100 + step)),
+                    Write::default(),
+                )
+                .unwrap();
+            step += 1;
+        }
+        assert_eq!(got[0], expected[0]);
+        assert_eq!(got[1], expected[1]);
+        assert_ne!(
+            expected[0], expected[1],
+            "the lists were taken at different versions"
+        );
+        assert!(
+            state.collections[&gr].past.is_empty(),
+            "finished lists let their views go"
+        );
     }
 
     #[test]
