@@ -6,7 +6,6 @@
 //! keep a page of the burst resident per object long after the burst (see [`crate::memory`]).
 //! Any other key (an object without a uid, a uid in another form) is kept as it is.
 
-use std::fmt::Write;
 use std::sync::Arc;
 
 /// An object's routing key, as the records keep it.
@@ -63,18 +62,14 @@ fn parse_canonical_uuid(text: &str) -> Option<u128> {
 
 /// `bits` as a lowercase hyphenated UUID (8-4-4-4-12).
 fn format_uuid(bits: u128) -> String {
-    let hex = format!("{bits:032x}");
-    let mut text = String::with_capacity(36);
-    for (i, part) in [0..8, 8..12, 12..16, 16..20, 20..32]
-        .into_iter()
-        .enumerate()
-    {
-        if i > 0 {
-            text.push('-');
-        }
-        let _ = write!(text, "{}", &hex[part]);
-    }
-    text
+    format!(
+        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        bits >> 96,
+        (bits >> 80) & 0xffff,
+        (bits >> 64) & 0xffff,
+        (bits >> 48) & 0xffff,
+        bits & 0xffff_ffff_ffff
+    )
 }
 
 #[cfg(test)]

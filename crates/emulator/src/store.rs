@@ -520,12 +520,14 @@ impl State {
             .get_mut(gr)
             .filter(|c| c.served)
             .ok_or_else(|| ApiError::no_route(&gr.to_string()))?;
-        let (at, start) = match &options.continue_token {
+        // With a token, how many objects the list holds in all and how many earlier pages returned,
+        // when it says (the first page of an unselective list counted them).
+        let (at, start, counts) = match &options.continue_token {
             Some(token) => {
-                let (rv, start) = decode_continue(token)?;
-                (Some(rv), Some(start))
+                let (rv, start, counts) = decode_continue(token)?;
+                (Some(rv), Some(start), counts)
             }
-            None => (options.exact_rv, None),
+            None => (options.exact_rv, None, None),
         };
         let rv = at.unwrap_or(now);
         let unselective = options.labels.is_empty() && options.fields.is_empty();
@@ -561,14 +563,8 @@ impl State {
         let mut last_key: Option<ObjKey> = None;
         let mut more = false;
         let mut remaining = 0usize;
-        // How many objects the list holds in all and how many earlier pages returned, when the
-        // token says (the first page of an unselective list counted them): the objects after this
-        // page are then not counted one by one.
-        let known = options
-            .continue_token
-            .as_deref()
-            .and_then(counts_of)
-            .filter(|_| unselective);
+        // Known counts: the objects after this page are not counted one by one.
+        let known = counts.filter(|_| unselective);
         for (key, object) in merged {
             if options.namespace.as_ref().is_some_and(|ns| *ns != key.0) {
                 if options.namespace.as_ref().is_some_and(|ns| *ns < key.0) {
@@ -1840,7 +1836,7 @@ fn set_pointer(object: &mut Value, pointer: &str, value: Value) {
 /// A continue token as a real API server writes it (its `rv` and `start`), with, for an
 /// unselective list, how many objects it holds in all and how many the pages so far returned (the
 /// emulator's own, for `remainingItemCount` without counting the rest on every page).
-fn encode_continue(rv: u64, key: &ObjKey, counts: Option<(usize, usize)>) -> String {
+fn encode_continue(rv: u64, key: &ObjKey, counts: Option<ListCounts>) -> String {
     use base64::Engine;
     let mut token =
         json!({"v": "meta.k8s.io/v1", "rv": rv, "start": format!("{}/{}", key.0, key.1)});
@@ -1851,18 +1847,11 @@ fn encode_continue(rv: u64, key: &ObjKey, counts: Option<(usize, usize)>) -> Str
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token.to_string())
 }
 
-/// The list's total and what the pages before this (valid) continue token returned, if it says.
-fn counts_of(token: &str) -> Option<(usize, usize)> {
-    use base64::Engine;
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(token.trim_end_matches('='))
-        .ok()?;
-    let value: Value = serde_json::from_slice(&bytes).ok()?;
-    let count = |field: &str| usize::try_from(value[field].as_u64()?).ok();
-    Some((count("total")?, count("returned")?))
-}
+/// A list's total and what its pages returned so far, as a continue token carries them.
+type ListCounts = (usize, usize);
 
-fn decode_continue(token: &str) -> ApiResult<(u64, ObjKey)> {
+/// A continue token's resourceVersion and start, and the list's counts if it carries them.
+fn decode_continue(token: &str) -> ApiResult<(u64, ObjKey, Option<ListCounts>)> {
     use base64::Engine;
     let invalid =
         || ApiError::bad_request("continue key is not valid: the token cannot be decoded");
@@ -1875,7 +1864,9 @@ fn decode_continue(token: &str) -> ApiResult<(u64, ObjKey)> {
         .as_str()
         .and_then(|s| s.split_once('/'))
         .ok_or_else(invalid)?;
-    Ok((rv, (ns.to_string(), name.to_string())))
+    let count = |field: &str| usize::try_from(value[field].as_u64()?).ok();
+    let counts = count("total").zip(count("returned"));
+    Ok((rv, (ns.to_string(), name.to_string()), counts))
 }
 
 /// The time now, as the API server writes timestamps (RFC 3339, whole seconds, UTC).
@@ -1946,7 +1937,12 @@ mod tests {
     }
 
     fn setup() -> (State, GroupResource) {
-        let mut state = State::new(100);
+        setup_keeping(100)
+    }
+
+    /// The widgets' CRD installed in a store keeping `history` events.
+    fn setup_keeping(history: usize) -> (State, GroupResource) {
+        let mut state = State::new(history);
         state
             .create(
                 &GroupResource::new(CRDS.0, CRDS.1),
@@ -2016,16 +2012,7 @@ mod tests {
     /// (the past views are brought up to date page by page), with the right count of the rest.
     #[test]
     fn long_paginated_lists_stay_consistent_while_every_object_is_written() {
-        let mut state = State::new(10_000);
-        state
-            .create(
-                &GroupResource::new(CRDS.0, CRDS.1),
-                None,
-                widgets_crd(),
-                Write::default(),
-            )
-            .unwrap();
-        let gr = GroupResource::new("example.com", "widgets");
+        let (mut state, gr) = setup_keeping(10_000);
         let name = |i: usize| format!("w{i:03}");
         for i in 0..60 {
             state
