@@ -178,6 +178,12 @@ impl fmt::Display for Contender {
     }
 }
 
+/// Whether the contenders run under a profiler (`KACTOR_BENCH_WRAP`): then each is started once,
+/// with no empty run before it and no restart after, since a kill stops the wrapper, not them.
+fn profiled() -> bool {
+    std::env::var_os("KACTOR_BENCH_WRAP").is_some()
+}
+
 /// A contender's process, with its handler runs counted from its stdout.
 struct Running {
     child: Child,
@@ -203,7 +209,18 @@ impl Running {
                 command
             }
             _ => {
-                let mut command = Command::new(std::env::current_exe().expect("this binary"));
+                let this = std::env::current_exe().expect("this binary");
+                // `KACTOR_BENCH_WRAP="heaptrack -o /tmp/kactor"` (or `perf record -g -o ...`)
+                // starts the contender's process under a profiler (its CPU figure is then the wrapper's).
+                let wrap = std::env::var("KACTOR_BENCH_WRAP").ok();
+                let mut command = match wrap.as_deref().map(str::split_whitespace) {
+                    Some(mut words) => {
+                        let mut command = Command::new(words.next().expect("a wrapper command"));
+                        command.args(words).arg(this);
+                        command
+                    }
+                    None => Command::new(this),
+                };
                 let role = match contender {
                     Contender::Bare => "bare",
                     Contender::Controller => "controller",
@@ -415,8 +432,9 @@ async fn measure(plan: &Plan, contender: Contender, objects: usize, restart: boo
     let setup = setup(&plan.dir, objects).await;
     let python = plan.python.as_deref();
 
-    // The process with nothing to do (the bare loop's would have done nothing).
-    let empty_rss = if contender == Contender::Bare {
+    // The process with nothing to do (the bare loop's would have done nothing; not under a
+    // profiler, whose wrapper a kill would not stop).
+    let empty_rss = if contender == Contender::Bare || profiled() {
         0
     } else {
         let empty = Running::start(contender, &setup.kubeconfig, python);
@@ -685,7 +703,8 @@ async fn bench() {
             contenders.retain(|contender| contender.to_string() == only);
         }
         for contender in contenders {
-            let restart = contender == Contender::Kactor && objects == largest && measuring;
+            let restart =
+                contender == Contender::Kactor && objects == largest && measuring && !profiled();
             all.push(measure(&plan, contender, objects, restart).await);
         }
     }
