@@ -497,14 +497,9 @@ impl KopfFormat {
         let mut line = String::with_capacity(128);
         if self.format == LogFormat::Full {
             let time = now.to_zoned(self.timezone.clone());
-            let _ = write!(
-                line,
-                "[{}] {:<width$} [{:<8}] ",
-                time.strftime("%Y-%m-%d %H:%M:%S,%3f"),
-                logger_name(target, NAME_WIDTH),
-                level_name(level),
-                width = NAME_WIDTH,
-            );
+            let _ = write!(line, "[{}] ", time.strftime("%Y-%m-%d %H:%M:%S,%3f"));
+            write_logger_name(&mut line, target, NAME_WIDTH);
+            let _ = write!(line, " [{:<8}] ", level_name(level));
         }
         let start = line.len();
         self.write_message(&mut line, object, fields);
@@ -516,7 +511,7 @@ impl KopfFormat {
             line.push('=');
             value.write_text(&mut line);
         }
-        let mut sanitized = sanitize(&line);
+        let mut sanitized = sanitize(line);
         sanitized.push('\n');
         sanitized
     }
@@ -655,38 +650,81 @@ fn severity(level: Level) -> &'static str {
 /// `kactor_reactor::watching` is `kactor.reactor.watching`, then leading segments are shortened to
 /// their first letter until it fits (`k.reactor.watching`); a name still too long is cut, as Python's
 /// `%(name)-20.20s` does.
+#[cfg(test)]
 fn logger_name(target: &str, width: usize) -> String {
-    let dotted = target.replace("::", ".");
-    let dotted = match dotted.strip_prefix("kactor_") {
-        Some(rest) => format!("kactor.{rest}"),
-        None => dotted,
+    let mut name = String::new();
+    write_logger_name(&mut name, target, width);
+    name.trim_end().to_owned()
+}
+
+/// Appends the logger name of `target` (see `logger_name`), padded with spaces to `width`
+/// characters as `%(name)-20.20s` pads it. On every log line: the segments are slices of the
+/// target in an array, nothing is allocated (a target of more than 16 segments keeps its first 16).
+fn write_logger_name(out: &mut String, target: &str, width: usize) {
+    const MOST: usize = 16;
+    let mut segments = [""; MOST];
+    let mut count = 0;
+    let (head, rest) = match target.strip_prefix("kactor_") {
+        Some(rest) => (Some("kactor"), rest),
+        None => (None, target),
     };
-    let mut segments: Vec<String> = dotted.split('.').map(str::to_owned).collect();
-    let length = |segments: &[String]| {
+    let parts = head
+        .into_iter()
+        .chain(rest.split("::").flat_map(|part| part.split('.')));
+    for part in parts {
+        if let Some(slot) = segments.get_mut(count) {
+            *slot = part;
+        }
+        count += 1;
+    }
+    let segments = &mut segments[..count.min(MOST)];
+    let length = |segments: &[&str]| {
         segments.iter().map(|s| s.chars().count()).sum::<usize>() + segments.len().saturating_sub(1)
     };
     let last = segments.len().saturating_sub(1);
     for index in 0..last {
-        if length(&segments) <= width {
+        if length(segments) <= width {
             break;
         }
         if let Some(first) = segments[index].chars().next() {
-            segments[index] = first.to_string();
+            segments[index] = &segments[index][..first.len_utf8()];
         }
     }
-    segments.join(".").chars().take(width).collect()
+    let mut written = 0;
+    let dotted = segments.iter().enumerate().flat_map(|(index, segment)| {
+        (index > 0)
+            .then_some('.')
+            .into_iter()
+            .chain(segment.chars())
+    });
+    for c in dotted.take(width) {
+        out.push(c);
+        written += 1;
+    }
+    out.extend(std::iter::repeat_n(' ', width - written));
+}
+
+/// Whether a character could drive a terminal (ESC, BEL, BS, FF, DEL, C1).
+fn is_unsafe(c: char) -> bool {
+    matches!(
+        c,
+        '\x1b' | '\x07' | '\x08' | '\x0c' | '\x7f' | '\u{80}'..='\u{9f}'
+    )
 }
 
 /// Escapes the control characters that could drive a terminal (ESC, BEL, BS, FF, DEL, C1), as
-/// tracing-subscriber's own formatter does; newlines and tabs are kept.
-fn sanitize(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
+/// tracing-subscriber's own formatter does; newlines and tabs are kept. A line without any is
+/// returned as it is.
+fn sanitize(line: String) -> String {
+    if !line.chars().any(is_unsafe) {
+        return line;
+    }
+    let mut out = String::with_capacity(line.len() + 8);
     for c in line.chars() {
-        match c {
-            '\x1b' | '\x07' | '\x08' | '\x0c' | '\x7f' | '\u{80}'..='\u{9f}' => {
-                let _ = write!(out, "\\x{:02x}", c as u32);
-            }
-            _ => out.push(c),
+        if is_unsafe(c) {
+            let _ = write!(out, "\\x{:02x}", c as u32);
+        } else {
+            out.push(c);
         }
     }
     out
@@ -811,6 +849,10 @@ mod tests {
             logger_name("an_unusually_long_crate_name", 20),
             "an_unusually_long_cr"
         );
+        // Padded to the width, with the characters counted, not the bytes.
+        let mut padded = String::new();
+        write_logger_name(&mut padded, "ünï::x", 20);
+        assert_eq!(padded, format!("{:<20}", "ünï.x"));
     }
 
     #[test]

@@ -470,9 +470,9 @@ fn inconsistencies(patch: &Value, response: &DynamicObject) -> Vec<String> {
     // Each patched field is compared with the response's field, taken from the typed object: the
     // response is never encoded whole (its managedFields and the diff-base are most of it).
     let mut missing = Vec::new();
-    let mut path = Vec::new();
+    let mut path: Vec<&str> = Vec::new();
     for (key, expected) in fields {
-        path.push(key.clone());
+        path.push(key);
         match key.as_str() {
             "metadata" => {
                 let actual = patched_metadata(&response.metadata, expected);
@@ -526,16 +526,16 @@ fn patched_metadata(metadata: &ObjectMeta, expected: &Value) -> Option<Value> {
     Some(Value::Object(actual))
 }
 
-fn compare(
-    expected: &Value,
+fn compare<'a>(
+    expected: &'a Value,
     actual: Option<&Value>,
-    path: &mut Vec<String>,
+    path: &mut Vec<&'a str>,
     out: &mut Vec<String>,
 ) {
     match expected {
         Value::Object(map) if !map.is_empty() => {
             for (key, value) in map {
-                path.push(key.clone());
+                path.push(key);
                 compare(value, actual.and_then(|a| a.get(key)), path, out);
                 path.pop();
             }
@@ -543,10 +543,7 @@ fn compare(
         Value::Null => {}
         Value::Object(_) | Value::Array(_)
             if matches!(
-                path.iter()
-                    .map(String::as_str)
-                    .collect::<Vec<_>>()
-                    .as_slice(),
+                path.as_slice(),
                 ["metadata", "labels" | "annotations" | "finalizers"]
             ) => {}
         value => {

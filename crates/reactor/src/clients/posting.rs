@@ -289,6 +289,14 @@ impl EventPoster {
         self.enqueue(Call::Exception, object, "Error", reason, &message);
     }
 
+    /// Whether a log line at `level` would be posted as an Event (`posting.loggers` and its
+    /// level), so that a caller need not form the object's reference for nothing.
+    pub fn posts_logs(&self, level: Level) -> bool {
+        self.inner
+            .as_ref()
+            .is_some_and(|inner| Call::Log(level).admitted(&inner.settings))
+    }
+
     /// Queues a log line of the object's as an event (Kopf's `K8sPoster`): reason `Logging`, the
     /// type by severity (`Debug`, `Normal`, `Warning`, `Error`, `Fatal`); posted if enabled,
     /// [`PostingSettings::loggers`] is on and the level is at least [`PostingSettings::level`].

@@ -262,10 +262,20 @@ impl Attempt {
     }
 }
 
-/// Where a context's Kubernetes Events go.
+/// Where a context's Kubernetes Events go. The reference to the object is formed on the first
+/// Event, not for every cycle (most post none).
 struct EventSink {
     poster: EventPoster,
-    object: ObjectRef,
+    body: Arc<DynamicObject>,
+    resource: Arc<Resource>,
+    object: std::sync::OnceLock<ObjectRef>,
+}
+
+impl EventSink {
+    fn object(&self) -> &ObjectRef {
+        self.object
+            .get_or_init(|| ObjectRef::of(&self.body, &self.resource))
+    }
 }
 
 impl Ctx {
@@ -355,8 +365,12 @@ impl Ctx {
 
     /// The same context, posting Kubernetes Events through `poster`.
     pub fn with_events(mut self, poster: EventPoster) -> Self {
-        let object = ObjectRef::of(&self.body, &self.resource);
-        self.events = Some(Arc::new(EventSink { poster, object }));
+        self.events = Some(Arc::new(EventSink {
+            poster,
+            body: self.body.clone(),
+            resource: self.resource.clone(),
+            object: std::sync::OnceLock::new(),
+        }));
         self
     }
 
@@ -603,28 +617,29 @@ impl Ctx {
     /// Posts a `Normal` Kubernetes Event about the object (never fails the handler).
     pub fn info(&self, reason: &str, message: &str) {
         if let Some(sink) = &self.events {
-            sink.poster.info(&sink.object, reason, message);
+            sink.poster.info(sink.object(), reason, message);
         }
     }
 
     /// Posts a `Warning` Kubernetes Event about the object (never fails the handler).
     pub fn warn(&self, reason: &str, message: &str) {
         if let Some(sink) = &self.events {
-            sink.poster.warn(&sink.object, reason, message);
+            sink.poster.warn(sink.object(), reason, message);
         }
     }
 
     /// Posts an `Error` Kubernetes Event about the object (never fails the handler).
     pub fn exception(&self, reason: &str, message: &str) {
         if let Some(sink) = &self.events {
-            sink.poster.exception(&sink.object, reason, message);
+            sink.poster.exception(sink.object(), reason, message);
         }
     }
 
     /// Posts a Kubernetes Event of any type about the object (never fails the handler).
     pub fn event(&self, event_type: &str, reason: &str, message: &str) {
         if let Some(sink) = &self.events {
-            sink.poster.event(&sink.object, event_type, reason, message);
+            sink.poster
+                .event(sink.object(), event_type, reason, message);
         }
     }
 }
@@ -678,8 +693,8 @@ impl Logger<'_> {
     /// Posts the line as an Event about the object when `posting.loggers` is on (Kopf's
     /// `K8sPoster`); the poster checks the settings.
     fn post(&self, level: Level, message: &str) {
-        if let Some(sink) = self.events {
-            sink.poster.log(&sink.object, level, message);
+        if let Some(sink) = self.events.filter(|sink| sink.poster.posts_logs(level)) {
+            sink.poster.log(sink.object(), level, message);
         }
     }
 }

@@ -366,11 +366,12 @@ impl ProgressStorage {
         }
     }
 
-    fn status_path(&self, handler_id: &str) -> Vec<String> {
+    /// `status.<status_field…>.<handler_id>`, borrowed from `self` and the id.
+    fn status_path<'a>(&'a self, handler_id: &'a str) -> Vec<&'a str> {
         let mut path = Vec::with_capacity(self.status_field.len() + 2);
-        path.push("status".to_string());
-        path.extend(self.status_field.iter().cloned());
-        path.push(handler_id.to_string());
+        path.push("status");
+        path.extend(self.status_field.iter().map(String::as_str));
+        path.push(handler_id);
         path
     }
 
@@ -394,12 +395,8 @@ pub(crate) fn store_marker(keys: &KeyForming, body: Option<&DynamicObject>, patc
     }
 }
 
-pub(crate) fn annotation_path(key: &str) -> [String; 3] {
-    [
-        "metadata".to_string(),
-        "annotations".to_string(),
-        key.to_string(),
-    ]
+pub(crate) fn annotation_path(key: &str) -> [&str; 3] {
+    ["metadata", "annotations", key]
 }
 
 /// A timestamp as Kopf writes it: Python's `isoformat(timespec='microseconds')` of an aware UTC

@@ -255,10 +255,10 @@ pub fn parse_field(path: &str) -> Vec<String> {
 
 /// The value at `field` inside `value`, as Kopf's `resolve` with a default: `None` when a key is
 /// absent or when a value on the way is not an object. An empty `field` is the value itself.
-pub fn resolve<'a>(value: &'a Value, field: &[String]) -> Option<&'a Value> {
+pub fn resolve<'a, S: AsRef<str>>(value: &'a Value, field: &[S]) -> Option<&'a Value> {
     field
         .iter()
-        .try_fold(value, |current, key| current.as_object()?.get(key))
+        .try_fold(value, |current, key| current.as_object()?.get(key.as_ref()))
 }
 
 /// Copies each of `fields` from `src` into `dst`, creating the parent objects, as Kopf's
@@ -278,7 +278,10 @@ pub fn cherrypick(src: &Value, dst: &mut Value, fields: &[Vec<String>]) {
 /// Sets `field` in `dst` to `value`, creating the parent objects, as Kopf's `dicts.ensure`.
 /// A `null` root becomes an object first. Returns `false` and changes nothing when `field` is
 /// empty or a value on the way is not an object (Kopf raises there).
-pub(crate) fn ensure(dst: &mut Value, field: &[String], value: Value) -> bool {
+///
+/// The path is borrowed (`&[&str]` as well as `&[String]`): a key is copied only where the patch
+/// does not have it yet.
+pub(crate) fn ensure<S: AsRef<str>>(dst: &mut Value, field: &[S], value: Value) -> bool {
     let Some((last, parents)) = field.split_last() else {
         return false;
     };
@@ -290,13 +293,21 @@ pub(crate) fn ensure(dst: &mut Value, field: &[String], value: Value) -> bool {
         let Some(object) = current.as_object_mut() else {
             return false;
         };
-        current = object
-            .entry(key.clone())
-            .or_insert_with(|| Value::Object(Map::new()));
+        let key = key.as_ref();
+        if !object.contains_key(key) {
+            object.insert(key.to_owned(), Value::Object(Map::new()));
+        }
+        current = object.get_mut(key).expect("present or just inserted");
     }
     match current.as_object_mut() {
         Some(object) => {
-            object.insert(last.clone(), value);
+            let last = last.as_ref();
+            match object.get_mut(last) {
+                Some(slot) => *slot = value,
+                None => {
+                    object.insert(last.to_owned(), value);
+                }
+            }
             true
         }
         None => false,
@@ -306,16 +317,17 @@ pub(crate) fn ensure(dst: &mut Value, field: &[String], value: Value) -> bool {
 /// Removes `field` from `dst` and then every parent on the way that is left an empty object, as
 /// Kopf's `dicts.remove`. Absent fields, and values on the way that are not objects, are left
 /// alone.
-pub(crate) fn remove(dst: &mut Value, field: &[String]) {
+pub(crate) fn remove<S: AsRef<str>>(dst: &mut Value, field: &[S]) {
     let Some(object) = dst.as_object_mut() else {
         return;
     };
     match field {
         [] => {}
         [key] => {
-            object.remove(key);
+            object.remove(key.as_ref());
         }
         [key, rest @ ..] => {
+            let key = key.as_ref();
             let Some(child) = object.get_mut(key) else {
                 return;
             };
@@ -443,7 +455,7 @@ mod tests {
         let v = json!({"spec": {"a": "text"}});
         assert_eq!(resolve(&v, &path("spec.a")), Some(&json!("text")));
         assert_eq!(resolve(&v, &path("spec.a.b")), None);
-        assert_eq!(resolve(&v, &[]), Some(&v));
+        assert_eq!(resolve::<&str>(&v, &[]), Some(&v));
     }
 
     #[test]
