@@ -549,6 +549,23 @@ impl Operator {
         self
     }
 
+    /// The shared cache of `resource`, a kind that reconcile handlers own, watch or read, keeps
+    /// the objects' metadata alone: it is listed and watched as `PartialObjectMetadata`
+    /// (controller-runtime's metadata-only watches, kube-rs's `metadata_watcher`). Owner
+    /// references, labels and annotations route, select and trigger as ever; what the server
+    /// sends and the cache keeps is a fraction of the bodies. A handler reading `ctx.cache`
+    /// of this kind finds empty data (no `spec`, no `status`): fetch a body when one is needed.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// // The memcached controller needs to know its pods exist and whose they are, not their specs.
+    /// let operator = Operator::new().cache_metadata_only("pods");
+    /// ```
+    pub fn cache_metadata_only<S: Into<Selector>>(mut self, resource: S) -> Self {
+        self.registry.metadata_only.push(resource.into());
+        self
+    }
+
     /// Registers a creation handler: it runs for objects that have never been handled (no diff-base
     /// stored), retried until it succeeds or fails for good; what it returns lands in `status.<id>`.
     ///

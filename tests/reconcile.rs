@@ -99,6 +99,73 @@ async fn an_owned_object_deleted_by_hand_is_made_again_by_its_owner() {
     running.stop().await;
 }
 
+/// A kind cached as metadata alone (`Operator::cache_metadata_only`): its objects still reach their
+/// owners through their owner references, and the cache holds no body, not even of a child the
+/// handler remembered after making it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metadata_only_cache_routes_owned_objects_and_keeps_no_bodies() {
+    let (cluster, widgets) = cluster_with_widgets().await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(cluster.client(), "default");
+    let cached: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let seen = cached.clone();
+    let operator = operator(&cluster)
+        .cache_metadata_only("configmaps")
+        .on_reconcile(
+            WIDGETS,
+            Reconcile::id("own").owns("configmaps"),
+            move |ctx: Ctx| {
+                let seen = seen.clone();
+                async move {
+                    let child = ctx.cache("configmaps")?.get(ctx.namespace(), ctx.name());
+                    if let Some(child) = child {
+                        seen.lock().unwrap().push(child.data.clone());
+                    }
+                    ensure_config_map(ctx).await
+                }
+            },
+        );
+    let running = spawn(operator);
+    create_widget(&widgets, "w1", 1).await;
+    let first = eventually_get(&config_maps, "w1").await;
+    assert!(first.data.is_some(), "the ConfigMap itself has its data");
+    // A change of the child's data (its metadata changes with it: a new resourceVersion) runs
+    // the owner, which sees the child in its cache without the data.
+    config_maps
+        .patch(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"size": "7"}})),
+        )
+        .await
+        .unwrap();
+    eventually("a run that found its child in the cache", || {
+        !cached.lock().unwrap().is_empty()
+    })
+    .await;
+    config_maps
+        .delete("w1", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let again = config_maps.get_opt("w1").await.unwrap();
+        if again.as_ref().is_some_and(|c| c.uid() != first.uid()) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the ConfigMap is not made again"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let cached = cached.lock().unwrap().clone();
+    assert!(
+        cached.iter().all(|data| *data == json!({})),
+        "the cache kept bodies: {cached:?}"
+    );
+    running.stop().await;
+}
+
 /// The watch event of a child the handler made and remembered (`Cache::remember`) is its own
 /// write coming back: it triggers no run; a change made by someone else does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,6 +7,7 @@
 //! | `Watches(&Memcached{})`, `Reconcile(req)`                 | `on_reconcile(memcacheds, .., reconcile)`     |
 //! | `Owns(&appsv1.Deployment{})` (`EnqueueRequestForOwner`)   | `Reconcile::owns("deployments.v1.apps")`      |
 //! | pods mapped to their Memcached (`EnqueueRequestsFromMapFunc`) | `.watches("pods", memcached_of_pod)`      |
+//! | a metadata-only watch of pods (`builder.OnlyMetadata`)    | `Operator::cache_metadata_only("pods")`      |
 //! | `WithEventFilter(predicate.GenerationChangedPredicate{})` | `.predicate(Predicate::generation_changed())` |
 //! | `r.Get(ctx, req.NamespacedName, &found)` from the cache   | `ctx.cache("deployments.v1.apps")?.get(..)`   |
 //! | `controllerutil.SetControllerReference`                   | `append_owner_reference` (controller: true)   |
@@ -51,11 +52,13 @@ pub fn operator() -> kactor::Result<Operator> {
         // pods do.
         .predicate(Predicate::generation_changed())
         .finalizer();
-    Ok(
-        operator.on_reconcile(Selector::of::<Memcached>(), options, move |ctx: Ctx| {
+    Ok(operator
+        // `status.nodes` needs the pods' names, labels and deletion marks: their metadata. The
+        // pods' cache keeps nothing else, and the API server sends nothing else.
+        .cache_metadata_only("pods")
+        .on_reconcile(Selector::of::<Memcached>(), options, move |ctx: Ctx| {
             reconcile(ctx, changes.clone())
-        }),
-    )
+        }))
 }
 
 /// The `Memcached` a pod belongs to, by the label its Deployment's template gives it.

@@ -502,6 +502,11 @@ impl Orchestra {
                     .iter()
                     .find(|(selector, _)| selector.matches(&resource))
                     .map(|(_, transform)| transform.clone()),
+                metadata_only: self
+                    .registry
+                    .metadata_only
+                    .iter()
+                    .any(|selector| selector.matches(&resource)),
             });
             let status = watch.status();
             let entry = self.watches.register(watch.label(), status.clone());

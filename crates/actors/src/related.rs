@@ -20,7 +20,9 @@
 //!   the resume brings every object back).
 //! * The stream's health is on the watch board (`/healthz`, `/readyz`), as the supervisors' are.
 //! * What is kept is bounded: `metadata.managedFields` is dropped, and the user's transform runs
-//!   (`Operator::cache_transform`) before the store keeps an object.
+//!   (`Operator::cache_transform`) before the store keeps an object. A kind marked
+//!   `Operator::cache_metadata_only` is listed and watched as `PartialObjectMetadata`: the server
+//!   sends, and the store keeps, each object's metadata alone.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -79,6 +81,9 @@ pub struct RelatedConfig {
     pub directory: Directory,
     /// How objects are changed before the cache keeps them (after `managedFields` is dropped).
     pub transform: Option<Transform>,
+    /// The kind is listed and watched as `PartialObjectMetadata`: the cache keeps each object's
+    /// metadata alone (owner references and labels route and select as ever).
+    pub metadata_only: bool,
 }
 
 /// A related stream: its watcher, ready to run.
@@ -109,6 +114,12 @@ impl RelatedWatch {
             config.settings.networking.clone(),
         )
         .observed(config.observer.clone(), resource.to_string());
+        let watcher = if config.metadata_only {
+            config.store.keep_metadata_only();
+            watcher.metadata_only()
+        } else {
+            watcher
+        };
         RelatedWatch {
             config,
             watcher,

@@ -3,6 +3,7 @@
 //! It is a real HTTP/1.1 server speaking the Kubernetes REST API on a loopback port, with the semantics
 //! operators rely on: resourceVersions, generation, the status subresource, finalizers and
 //! `deletionTimestamp`, owner-reference garbage collection, watches with bookmarks and 410 Gone,
+//! metadata-only lists and watches (`PartialObjectMetadata`, as `Accept` asks), server-side `Table`s,
 //! label and field selectors, merge and JSON patches, conflicts, discovery, OpenAPI, and CRDs that
 //! serve their kinds at once. `kubectl`, the Python client and Kopf work against it unchanged.
 //!

@@ -625,7 +625,11 @@ async fn resource(
         }
         "list" => {
             let page = shared.state().list(&gr, &list_options(&call, &target)?)?;
-            Ok(json_bytes(StatusCode::OK, encode_list(&target, &page)))
+            let metadata = table::wants_metadata(&call.accept);
+            Ok(json_bytes(
+                StatusCode::OK,
+                encode_list(&target, &page, metadata),
+            ))
         }
         "watch" => start_watch(shared, &call, target),
         "get" => {
@@ -641,6 +645,9 @@ async fn resource(
                     None,
                     include,
                 ));
+            }
+            if table::wants_metadata(&call.accept) {
+                return ok(&table::partial_metadata(&object));
             }
             object_response(StatusCode::OK, &target.present(&object))
         }
@@ -715,7 +722,10 @@ async fn resource(
                 continue_token: None,
                 remaining: None,
             };
-            Ok(json_bytes(StatusCode::OK, encode_list(&target, &page)))
+            Ok(json_bytes(
+                StatusCode::OK,
+                encode_list(&target, &page, false),
+            ))
         }
         _ => Err(ApiError::method_not_allowed(verb.to_string())),
     }
@@ -834,7 +844,8 @@ fn delete_options(call: &Call) -> ApiResult<DeleteOptions> {
 }
 
 /// Encodes a list without copying its objects into a new `Value`.
-fn encode_list(target: &Target, page: &store::ListPage) -> Vec<u8> {
+/// A list page, of whole objects or (`metadata`) a `PartialObjectMetadataList`.
+fn encode_list(target: &Target, page: &store::ListPage, metadata_only: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(128 + page.items.len() * 512);
     let mut metadata = json!({"resourceVersion": page.rv.to_string()});
     if let Some(token) = &page.continue_token {
@@ -843,7 +854,11 @@ fn encode_list(target: &Target, page: &store::ListPage) -> Vec<u8> {
     if let Some(remaining) = page.remaining {
         metadata["remainingItemCount"] = json!(remaining);
     }
-    let head = json!({"kind": target.rtype.list_kind, "apiVersion": target.api_version, "metadata": metadata});
+    let head = if metadata_only {
+        json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": metadata})
+    } else {
+        json!({"kind": target.rtype.list_kind, "apiVersion": target.api_version, "metadata": metadata})
+    };
     let head = head.to_string();
     out.extend_from_slice(&head.as_bytes()[..head.len() - 1]);
     out.extend_from_slice(b",\"items\":[");
@@ -852,10 +867,37 @@ fn encode_list(target: &Target, page: &store::ListPage) -> Vec<u8> {
             out.push(b',');
         }
         // Writing a Value into a Vec cannot fail.
-        let _ = serde_json::to_writer(&mut out, &*target.present(item));
+        if metadata_only {
+            let _ = serde_json::to_writer(&mut out, &table::partial_metadata(item));
+        } else {
+            let _ = serde_json::to_writer(&mut out, &*target.present(item));
+        }
     }
     out.extend_from_slice(b"]}");
     out
+}
+
+/// How a watch's objects are shown (the `Accept` header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum View {
+    /// As stored, in the version asked for.
+    Object,
+    /// As a `Table` (kubectl's `get --watch`).
+    Table(Include),
+    /// As `PartialObjectMetadata`: the metadata alone.
+    Metadata,
+}
+
+impl View {
+    fn of(call: &Call) -> Self {
+        if table::wants_table(&call.accept) {
+            View::Table(Include::parse(call.param("includeObject")))
+        } else if table::wants_metadata(&call.accept) {
+            View::Metadata
+        } else {
+            View::Object
+        }
+    }
 }
 
 /// The watch a request asks for.
@@ -866,7 +908,7 @@ struct WatchSpec {
     initial_end: bool,
     cursor: u64,
     bookmarks: bool,
-    table: Option<Include>,
+    view: View,
     timeout: Option<Duration>,
     notify: watch::Receiver<u64>,
 }
@@ -917,8 +959,7 @@ fn start_watch(shared: &Arc<Shared>, call: &Call, target: Target) -> ApiResult<R
     };
     drop(state);
     let spec = WatchSpec {
-        table: table::wants_table(&call.accept)
-            .then(|| Include::parse(call.param("includeObject"))),
+        view: View::of(call),
         target,
         options,
         initial,
@@ -1033,7 +1074,7 @@ fn deliver(spec: &WatchSpec, event: &store::Event) -> Option<Bytes> {
         _ => return None,
     };
     let as_stored =
-        spec.table.is_none() && event.object["apiVersion"] == spec.target.api_version.as_str();
+        spec.view == View::Object && event.object["apiVersion"] == spec.target.api_version.as_str();
     if type_ == event.type_ && as_stored {
         Some(event.encoded())
     } else {
@@ -1043,8 +1084,8 @@ fn deliver(spec: &WatchSpec, event: &store::Event) -> Option<Bytes> {
 
 fn encode(spec: &WatchSpec, type_: &str, object: &Arc<Value>) -> Bytes {
     let object = spec.target.present(object);
-    match spec.table {
-        Some(include) => {
+    match spec.view {
+        View::Table(include) => {
             let rv = store::resource_version(&object).to_string();
             encode_event(
                 type_,
@@ -1058,7 +1099,8 @@ fn encode(spec: &WatchSpec, type_: &str, object: &Arc<Value>) -> Bytes {
                 ),
             )
         }
-        None => encode_event(type_, &object),
+        View::Metadata => encode_event(type_, &table::partial_metadata(&object)),
+        View::Object => encode_event(type_, &object),
     }
 }
 
@@ -1068,7 +1110,14 @@ fn bookmark(spec: &WatchSpec, initial_end: bool) -> Bytes {
     if initial_end {
         metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
     }
-    let object = json!({"kind": spec.target.rtype.kind, "apiVersion": spec.target.api_version, "metadata": metadata});
+    let object = match spec.view {
+        View::Metadata => {
+            json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": metadata})
+        }
+        _ => {
+            json!({"kind": spec.target.rtype.kind, "apiVersion": spec.target.api_version, "metadata": metadata})
+        }
+    };
     encode_event("BOOKMARK", &object)
 }
 

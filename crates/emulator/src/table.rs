@@ -15,6 +15,25 @@ pub fn wants_table(accept: &str) -> bool {
         .is_some_and(|first| first.contains("as=Table"))
 }
 
+/// Whether an `Accept` header asks for `PartialObjectMetadata` (or its list): the objects' metadata
+/// alone, as kube-rs's `list_metadata` and `watch_metadata` and controller-runtime's metadata-only
+/// informers ask.
+pub fn wants_metadata(accept: &str) -> bool {
+    accept
+        .split(',')
+        .next()
+        .is_some_and(|first| first.contains("as=PartialObjectMetadata"))
+}
+
+/// An object as `meta.k8s.io/v1` `PartialObjectMetadata`: its metadata alone.
+pub fn partial_metadata(object: &Value) -> Value {
+    json!({
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": object["metadata"],
+    })
+}
+
 /// What a row carries besides its cells (`includeObject`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Include {
@@ -102,13 +121,7 @@ pub fn table(
             match include {
                 Include::None => {}
                 Include::Object => row["object"] = (*object).clone(),
-                Include::Metadata => {
-                    row["object"] = json!({
-                        "kind": "PartialObjectMetadata",
-                        "apiVersion": "meta.k8s.io/v1",
-                        "metadata": object["metadata"],
-                    })
-                }
+                Include::Metadata => row["object"] = partial_metadata(object),
             }
             row
         })

@@ -134,6 +134,82 @@ async fn label_selectors_are_applied_by_the_server() {
     assert_eq!(take(&mut watcher, 2).await, ["listed a", "list-done"]);
 }
 
+/// Listed and watched as `PartialObjectMetadata`: names, labels, versions and owners come, the
+/// bodies do not (on the emulator as on the real server, which answers these `Accept` headers).
+#[tokio::test]
+async fn a_metadata_only_watcher_gets_each_object_without_its_body() {
+    let (_cluster, api) = setup().await;
+    for name in ["a", "b", "c"] {
+        create(&api, name).await;
+    }
+    let (watching, networking) = quick();
+    let mut watcher = Watcher::new(api.clone(), "widgets", watching, networking).metadata_only();
+    let mut objects = Vec::new();
+    while objects.len() < 4 {
+        let batch = tokio::time::timeout(WAIT, watcher.next_batch())
+            .await
+            .expect("items in time")
+            .expect("no watch error");
+        objects.extend(batch);
+    }
+    assert_eq!(
+        objects.iter().map(describe).collect::<Vec<_>>(),
+        ["listed a", "listed b", "listed c", "list-done"],
+        "listed page by page as ever"
+    );
+    for item in &objects[..3] {
+        let WatchItem::Listed(object) = item else {
+            unreachable!()
+        };
+        assert_eq!(object.data, json!({}), "no body: {object:?}");
+        assert!(object.types.is_none(), "not PartialObjectMetadata's types");
+        assert!(object.metadata.uid.is_some() && object.metadata.resource_version.is_some());
+        assert!(object.metadata.labels.is_some(), "labels kept");
+    }
+    // One object's metadata, as the server types it.
+    let one = api.get_metadata("a").await.unwrap();
+    let types = one.types.expect("typed");
+    assert_eq!(
+        (types.api_version.as_str(), types.kind.as_str()),
+        ("meta.k8s.io/v1", "PartialObjectMetadata")
+    );
+    assert_eq!(one.metadata.name.as_deref(), Some("a"));
+
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"tier": "x"}}, "spec": {"size": 5}})),
+    )
+    .await
+    .unwrap();
+    api.delete("b", &DeleteParams::default()).await.unwrap();
+    let mut events = Vec::new();
+    while events.len() < 2 {
+        let batch = tokio::time::timeout(WAIT, watcher.next_batch())
+            .await
+            .expect("events in time")
+            .expect("no watch error");
+        events.extend(batch);
+    }
+    assert_eq!(
+        events.iter().map(describe).collect::<Vec<_>>(),
+        ["MODIFIED a", "DELETED b"]
+    );
+    let WatchItem::Event(_, modified) = &events[0] else {
+        unreachable!()
+    };
+    assert_eq!(modified.data, json!({}), "an event without the body");
+    assert_eq!(
+        modified
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("tier")),
+        Some(&"x".to_string()),
+        "the event carries the new metadata"
+    );
+}
+
 #[tokio::test]
 async fn next_batch_is_cancel_safe_in_a_select_loop() {
     let (_emulator, api) = setup().await;

@@ -55,6 +55,8 @@ struct StoreInner {
     label: Arc<str>,
     state: RwLock<State>,
     observer: Arc<dyn Observer>,
+    /// The kind is watched as metadata alone: what a handler remembers is kept so too.
+    metadata_only: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -86,8 +88,18 @@ impl Store {
                 label,
                 state: RwLock::new(State::default()),
                 observer,
+                metadata_only: std::sync::atomic::AtomicBool::new(false),
             }),
         }
+    }
+
+    /// The kind is watched as `PartialObjectMetadata`: the store holds the objects' metadata
+    /// alone, and a body a handler remembers ([`Cache::remember`]) is kept as its metadata too, so
+    /// that every read of the store looks the same.
+    pub fn keep_metadata_only(&self) {
+        self.inner
+            .metadata_only
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The resource it holds.
@@ -358,10 +370,20 @@ impl Cache {
     /// Keeps an object as the API server answered a write of ours (a create, a patch), so that the
     /// next read sees it before the watch brings it. Ignored when the store already has a newer
     /// version of it; the watch's next event replaces it. Returns whether it was kept.
-    pub fn remember(&self, object: DynamicObject) -> bool {
+    pub fn remember(&self, mut object: DynamicObject) -> bool {
         let Some(key) = key_of(&object) else {
             return false;
         };
+        if self
+            .store
+            .inner
+            .metadata_only
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            object.types = None;
+            object.data = serde_json::Value::Object(serde_json::Map::new());
+            object.metadata.managed_fields = None;
+        }
         let mut state = self.store.write();
         if let Some(held) = state.objects.get_mut(&key) {
             let version = object.metadata.resource_version.as_deref();

@@ -29,7 +29,9 @@ use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
-use kube::api::{Api, DynamicObject, ListParams, WatchEvent, WatchParams};
+use kube::api::{
+    Api, DynamicObject, ListParams, ObjectList, PartialObjectMeta, WatchEvent, WatchParams,
+};
 
 pub use crate::clients::observe::WatchStatus;
 use crate::clients::observe::{NoObserver, Observer};
@@ -119,6 +121,8 @@ pub struct Watcher {
     failures: usize,
     /// Where counts go (metrics).
     tell: Tell,
+    /// Lists and watches `PartialObjectMetadata`: the objects come with their metadata alone.
+    metadata_only: bool,
 }
 
 /// Where a watcher's counts go: its status and the observer, under the resource's label.
@@ -162,6 +166,7 @@ impl Watcher {
                 observer: Arc::new(NoObserver),
                 resource: Arc::from(""),
             },
+            metadata_only: false,
         }
     }
 
@@ -185,6 +190,15 @@ impl Watcher {
     /// Only objects with these labels (a server-side label selector).
     pub fn labels(mut self, selector: &str) -> Self {
         self.params = self.params.labels(selector);
+        self
+    }
+
+    /// Lists and watches the objects' metadata alone (`PartialObjectMetadata`, as kube-rs's
+    /// `metadata_watcher` and controller-runtime's metadata-only informers do): each object comes
+    /// as a `DynamicObject` with its `metadata`, no `apiVersion`/`kind` (as objects from lists often
+    /// come) and empty data. The API server sends less and the consumer keeps less.
+    pub fn metadata_only(mut self) -> Self {
+        self.metadata_only = true;
         self
     }
 
@@ -238,7 +252,19 @@ impl Watcher {
         if let Some(token) = continue_token.as_deref() {
             params = params.continue_token(token);
         }
-        match self.api.list(&params).await {
+        let page = if self.metadata_only {
+            self.api
+                .list_metadata(&params)
+                .await
+                .map(|page| ObjectList {
+                    types: page.types,
+                    metadata: page.metadata,
+                    items: page.items.into_iter().map(from_metadata).collect(),
+                })
+        } else {
+            self.api.list(&params).await
+        };
+        match page {
             Ok(page) => {
                 self.succeeded();
                 let rv = rv
@@ -281,13 +307,18 @@ impl Watcher {
         if let Some(timeout) = self.watching.server_timeout {
             params = params.timeout(timeout.as_secs().clamp(1, u64::from(u32::MAX)) as u32);
         }
-        match self.api.watch(&params, &rv).await {
+        let stream = if self.metadata_only {
+            self.api
+                .watch_metadata(&params, &rv)
+                .await
+                .map(|stream| stream.map(|event| event.map(event_from_metadata)).boxed())
+        } else {
+            self.api.watch(&params, &rv).await.map(StreamExt::boxed)
+        };
+        match stream {
             Ok(stream) => {
                 self.succeeded();
-                self.state = State::Watching {
-                    rv,
-                    stream: stream.boxed(),
-                };
+                self.state = State::Watching { rv, stream };
             }
             Err(error) if status_of(&error).is_some_and(|(code, _)| code == 410) => {
                 self.tell.restarted(&self.status, RestartReason::Relist410);
@@ -427,6 +458,28 @@ impl Watcher {
         }
         tokio::time::sleep(delay).await;
         Ok(())
+    }
+}
+
+/// A metadata-only object as the consumers take every object: no type fields (the server's are
+/// `meta.k8s.io/v1` `PartialObjectMetadata`, not the object's), empty data.
+fn from_metadata(partial: PartialObjectMeta<DynamicObject>) -> DynamicObject {
+    DynamicObject {
+        types: None,
+        metadata: partial.metadata,
+        data: serde_json::Value::Object(serde_json::Map::new()),
+    }
+}
+
+fn event_from_metadata(
+    event: WatchEvent<PartialObjectMeta<DynamicObject>>,
+) -> WatchEvent<DynamicObject> {
+    match event {
+        WatchEvent::Added(object) => WatchEvent::Added(from_metadata(object)),
+        WatchEvent::Modified(object) => WatchEvent::Modified(from_metadata(object)),
+        WatchEvent::Deleted(object) => WatchEvent::Deleted(from_metadata(object)),
+        WatchEvent::Bookmark(bookmark) => WatchEvent::Bookmark(bookmark),
+        WatchEvent::Error(status) => WatchEvent::Error(status),
     }
 }
 

@@ -411,6 +411,9 @@ pub struct Registry {
     pub conversion_handlers: Vec<crate::intents::admission::ConversionHandler>,
     /// How related kinds' caches change objects before keeping them, by kind.
     pub cache_transforms: Vec<(Selector, crate::clients::cache::Transform)>,
+    /// Related kinds whose caches keep the objects' metadata alone (listed and watched as
+    /// `PartialObjectMetadata`).
+    pub metadata_only: Vec<Selector>,
     /// `on_startup` activities, run in order before anything is watched.
     pub startup: Vec<Activity>,
     /// `on_cleanup` activities, run in order after everything stopped.
