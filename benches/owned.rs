@@ -51,7 +51,9 @@
 //!   `ConfigMap`s), the heap that store grew by, per child (bodies and index, each in its own
 //!   representation), and the bodies' part of it; for kactor also
 //!   `kactor_cache_bytes{resource="configmaps.v1"}` / `kactor_cache_objects` (the bodies' size as
-//!   JSON, what the metric reports).
+//!   JSON, what the metric reports), and the heap per child of a store of the same children as a
+//!   metadata-only cache keeps them (`Operator::cache_metadata_only`; this benchmark's handler
+//!   reads the children's data, so it cannot use one).
 //!
 //! Aim: kactor at least as fast as `Controller` in both phases.
 
@@ -429,6 +431,33 @@ impl Copied {
             ),
         }
     }
+
+    /// For kactor's store: the heap per child of a fresh store given the same children as a
+    /// metadata-only cache keeps them (`Operator::cache_metadata_only`: metadata alone, no data).
+    fn metadata_store_bytes_per_child(&self) -> Option<f64> {
+        let Copied::Dynamic(resource, children) = self else {
+            return None;
+        };
+        let stripped: Vec<DynamicObject> = children
+            .iter()
+            .map(|child| DynamicObject {
+                types: None,
+                metadata: child.metadata.clone(),
+                data: json!({}),
+            })
+            .collect();
+        let before = support::live_bytes();
+        let store = kactor_reactor::cache::Store::new(
+            resource.clone(),
+            Arc::new(kactor::observe::NoObserver),
+        );
+        for child in &stripped {
+            store.apply(EventType::Added, &Arc::new(child.clone()));
+        }
+        let grown = support::live_bytes().saturating_sub(before);
+        drop(store);
+        Some(grown as f64 / stripped.len().max(1) as f64)
+    }
 }
 
 // ---- The contenders and one measurement ---------------------------------------------------------
@@ -543,6 +572,8 @@ struct Figures {
     /// A fresh store of the contender's kind given its cached children: its heap per child, and
     /// the bodies' part of it.
     store_per_child: (f64, f64),
+    /// kactor's store per child had the children been cached as metadata alone.
+    metadata_per_child: Option<f64>,
     /// kactor's `kactor_cache_bytes` / `kactor_cache_objects` of the ConfigMaps.
     json_per_child: Option<f64>,
     /// What the first child carries at the end (its owner's uid left out), to check that every
@@ -653,6 +684,7 @@ async fn measure(contender: Contender, objects: usize, measuring: bool) -> Figur
         held,
         cached: copied.len(),
         store_per_child: copied.store_bytes_per_child(),
+        metadata_per_child: copied.metadata_store_bytes_per_child(),
         json_per_child: json.map(|(bytes, count)| bytes / count.max(1.0)),
         written,
     }
@@ -756,6 +788,14 @@ fn print_memory(all: &[Figures], objects: usize) {
                 .json_per_child
                 .map_or("-".to_string(), |bytes| format!("{bytes:.0}")),
         );
+    }
+    for figures in all {
+        if let Some(bytes) = figures.metadata_per_child {
+            println!(
+                "{}'s store of the same children as metadata only (Operator::cache_metadata_only): {bytes:.0} B per child",
+                figures.contender
+            );
+        }
     }
     println!();
     print!("{LEGEND}");
