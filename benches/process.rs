@@ -5,7 +5,9 @@
 //!
 //! Run by hand: `cargo bench --bench process` (1,000, 10,000 and 100,000 objects;
 //! `KACTOR_BENCH_SIZES=1000,20000` to change); under `cargo test --all-targets` it makes a quick run
-//! with 100 objects instead.
+//! with 100 objects instead. Against the emulator (in this process), or with
+//! `KACTOR_BENCH_CLUSTER=apiserver` a real kube-apiserver with etcd (kactor-testenv's; a fresh one
+//! per contender), whose objects, answers and events carry `managedFields`.
 //!
 //! The contenders, each this benchmark's binary started again in a role (`KACTOR_BENCH_ROLE`), or
 //! Python:
@@ -53,7 +55,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kactor::emulator::{samples, Emulator};
+use kactor::emulator::samples;
+use kactor_testenv::{Backend, TestCluster};
 use kactor::prelude::*;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::{Action, Controller};
@@ -64,7 +67,7 @@ use tokio::process::{Child, Command};
 mod support;
 
 use support::widgets::{
-    detect, emulator_with_widgets, populate, write_all, write_missing, HANDLER,
+    detect, populate, write_all, write_missing, HANDLER,
 };
 
 const ROLE: &str = "KACTOR_BENCH_ROLE";
@@ -401,19 +404,36 @@ struct Figures {
 
 struct Setup {
     /// Kept until the contender is done (dropping it stops the server).
-    _emulator: Emulator,
+    _cluster: TestCluster,
     widgets: Api<DynamicObject>,
     kubeconfig: PathBuf,
 }
 
+/// The server the contenders run against: `KACTOR_BENCH_CLUSTER=apiserver` for a real
+/// kube-apiserver with etcd (kactor-testenv's, built and cached as the tests build it), else the
+/// emulator. A real server sends `managedFields` with every object, answer and event.
+fn backend() -> Backend {
+    Backend::parse(&std::env::var("KACTOR_BENCH_CLUSTER").unwrap_or_default())
+        .expect("KACTOR_BENCH_CLUSTER: emulator or apiserver")
+}
+
+/// A fresh server for one contender, with the widgets' CRD.
 async fn setup(dir: &Path, objects: usize) -> Setup {
-    let (emulator, widgets) = emulator_with_widgets(objects * 8 + 10_000).await;
+    let cluster = TestCluster::builder()
+        .backend(backend())
+        .emulator(|emulator| emulator.history_limit(objects * 8 + 10_000))
+        .start()
+        .await
+        .expect("the cluster starts");
+    let widgets = samples::install_widgets(&cluster.client())
+        .await
+        .expect("the widgets' CRD");
     let kubeconfig = dir.join("kubeconfig");
-    emulator
+    cluster
         .write_kubeconfig(&kubeconfig)
         .expect("the kubeconfig");
     Setup {
-        _emulator: emulator,
+        _cluster: cluster,
         widgets,
         kubeconfig,
     }
@@ -684,8 +704,12 @@ async fn bench() {
         ),
     };
     println!(
-        "kactor process benchmark: {sizes:?} objects, one create handler, {} cores; Kopf: {}",
+        "kactor process benchmark: {sizes:?} objects, one create handler, {} cores, against the {} (KACTOR_BENCH_CLUSTER); Kopf: {}",
         std::thread::available_parallelism().map_or(1, |n| n.get()),
+        match backend() {
+            Backend::Emulator => "emulator",
+            Backend::ApiServer => "real kube-apiserver",
+        },
         plan.python.as_ref().map_or(
             "no Python with kopf (KACTOR_PYTHON, or run scripts/test once)".to_string(),
             |p| p.display().to_string()
