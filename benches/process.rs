@@ -56,8 +56,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kactor::emulator::samples;
-use kactor_testenv::{Backend, TestCluster};
 use kactor::prelude::*;
+use kactor_testenv::{Backend, TestCluster};
 use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
@@ -66,9 +66,7 @@ use tokio::process::{Child, Command};
 
 mod support;
 
-use support::widgets::{
-    detect, populate, write_all, write_missing, HANDLER,
-};
+use support::widgets::{detect, populate, write_all, write_missing, HANDLER};
 
 const ROLE: &str = "KACTOR_BENCH_ROLE";
 /// No contender may take longer than this to finish its objects.

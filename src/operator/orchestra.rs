@@ -166,7 +166,7 @@ impl Orchestra {
             .resources
             .iter()
             .find(|r| r.group == group && r.plural == plural && r.preferred)?;
-        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource.api_resource());
+        let api = kactor_reactor::slim::api(self.client.clone(), None, &resource.api_resource());
         let watcher = Watcher::new(
             api,
             label,

@@ -35,7 +35,7 @@ use kactor_reactor::resources::Resource;
 use kactor_reactor::settings::Settings;
 use kactor_reactor::triggers::Related;
 use kactor_reactor::watching::{EventType, WatchItem, WatchStatus, Watcher};
-use kube::api::{Api, DynamicObject};
+use kube::api::DynamicObject;
 
 use crate::supervisor::{Poke, ResourceSupervisor};
 
@@ -97,12 +97,11 @@ impl RelatedWatch {
     /// The stream of `config`'s kind and namespace.
     pub fn new(config: RelatedConfig) -> Self {
         let resource = &config.resource;
-        let api: Api<DynamicObject> = match &config.namespace {
-            Some(namespace) if resource.namespaced => {
-                Api::namespaced_with(config.client.clone(), namespace, &resource.api_resource())
-            }
-            _ => Api::all_with(config.client.clone(), &resource.api_resource()),
-        };
+        let api = kactor_reactor::slim::api(
+            config.client.clone(),
+            config.namespace.as_deref().filter(|_| resource.namespaced),
+            &resource.api_resource(),
+        );
         let label: Arc<str> = match &config.namespace {
             Some(namespace) => Arc::from(format!("{resource} in {namespace} (cached)")),
             None => Arc::from(format!("{resource} (cached)")),

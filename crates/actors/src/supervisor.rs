@@ -46,7 +46,7 @@ use kactor_reactor::settings::Settings;
 use kactor_reactor::stopping::StopReason;
 use kactor_reactor::triggers::{Related, Trigger, Triggers};
 use kactor_reactor::watching::{EventType, WatchError, WatchItem, WatchStatus, Watcher};
-use kube::api::{Api, DynamicObject, ObjectMeta};
+use kube::api::{DynamicObject, ObjectMeta};
 use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
 
@@ -490,14 +490,14 @@ impl ResourceSupervisor {
     /// Starts the watch stream: a fresh listing, then watching.
     fn start_watching(&mut self, ctx: &mut Context<Self>) {
         let config = &self.config;
-        let api: Api<DynamicObject> = match &config.namespace {
-            Some(namespace) if config.resource.namespaced => Api::namespaced_with(
-                config.client.clone(),
-                namespace,
-                &config.resource.api_resource(),
-            ),
-            _ => Api::all_with(config.client.clone(), &config.resource.api_resource()),
-        };
+        let api = kactor_reactor::slim::api(
+            config.client.clone(),
+            config
+                .namespace
+                .as_deref()
+                .filter(|_| config.resource.namespaced),
+            &config.resource.api_resource(),
+        );
         let mut watcher = Watcher::new(
             api,
             self.label.clone(),

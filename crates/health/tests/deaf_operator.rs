@@ -53,7 +53,12 @@ mod emulator_only {
         let mut config = cluster.config();
         config.default_retry = false;
         let client = kube::Client::try_from(config).unwrap();
-        let api = samples::install_widgets(&client).await.unwrap();
+        samples::install_widgets(&client).await.unwrap();
+        let api = kactor_reactor::slim::api(
+            client.clone(),
+            Some("default"),
+            &samples::widget_api_resource(),
+        );
 
         let mut settings = Settings::default();
         settings.health.silent_watch_timeout = Duration::from_millis(300);

@@ -286,7 +286,7 @@ async fn write_record(
     let mut written = false;
     for resource in &resources {
         let namespace = namespace.filter(|_| resource.namespaced);
-        let api = resource.api(client, namespace);
+        let api: kube::Api<kube::api::DynamicObject> = resource.api(client, namespace);
         let result = if resource.has_status {
             api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await

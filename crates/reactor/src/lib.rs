@@ -17,7 +17,7 @@ pub mod structs;
 
 // Each module by its own name too, as the other crates name them.
 pub use actions::{execution, processing};
-pub use clients::{api, cache, discovery, metered, observe, patches, posting, watching};
+pub use clients::{api, cache, discovery, metered, observe, patches, posting, slim, watching};
 pub use intents::{
     admission, context, daemons, filters, handlers, indexes, reconcile, subhandlers,
 };

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use kactor_emulator::{samples, Failure, Matcher};
 use kactor_reactor::settings::{Networking, Watching};
+use kactor_reactor::slim::Slim;
 use kactor_reactor::watching::{RestartReason, WatchError, WatchItem, Watcher};
 use kactor_testenv::TestCluster;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
@@ -31,6 +32,15 @@ async fn setup() -> (TestCluster, Api<DynamicObject>) {
     config.default_retry = false;
     let client = kube::Client::try_from(config).unwrap();
     (cluster, samples::install_widgets(&client).await.unwrap())
+}
+
+/// The same widgets' API, decoding as the watcher does (`kactor_reactor::slim`).
+fn slim(api: &Api<DynamicObject>) -> Api<Slim> {
+    kactor_reactor::slim::api(
+        api.clone().into_client(),
+        api.namespace(),
+        &samples::widget_api_resource(),
+    )
 }
 
 async fn create(api: &Api<DynamicObject>, name: &str) {
@@ -71,7 +81,7 @@ async fn it_lists_existing_objects_page_by_page_then_watches_new_ones() {
         create(&api, name).await;
     }
     let (watching, networking) = quick();
-    let mut watcher = Watcher::new(api.clone(), "widgets", watching, networking);
+    let mut watcher = Watcher::new(slim(&api), "widgets", watching, networking);
     let first = watcher.next_batch().await.unwrap();
     assert_eq!(
         first.iter().map(describe).collect::<Vec<_>>(),
@@ -99,7 +109,7 @@ async fn it_lists_existing_objects_page_by_page_then_watches_new_ones() {
 async fn a_resource_that_stops_being_served_ends_the_watcher() {
     let (cluster, api) = setup().await;
     let (watching, networking) = quick();
-    let mut watcher = Watcher::new(api.clone(), "widgets", watching, networking);
+    let mut watcher = Watcher::new(slim(&api), "widgets", watching, networking);
     assert_eq!(take(&mut watcher, 1).await, ["list-done"]);
     let crds: Api<DynamicObject> = Api::all_with(cluster.client(), &samples::crd_api_resource());
     crds.delete("widgets.example.com", &DeleteParams::default())
@@ -130,7 +140,7 @@ async fn label_selectors_are_applied_by_the_server() {
     .await
     .unwrap();
     let (watching, networking) = quick();
-    let mut watcher = Watcher::new(api.clone(), "widgets", watching, networking).labels("app=demo");
+    let mut watcher = Watcher::new(slim(&api), "widgets", watching, networking).labels("app=demo");
     assert_eq!(take(&mut watcher, 2).await, ["listed a", "list-done"]);
 }
 
@@ -143,7 +153,7 @@ async fn a_metadata_only_watcher_gets_each_object_without_its_body() {
         create(&api, name).await;
     }
     let (watching, networking) = quick();
-    let mut watcher = Watcher::new(api.clone(), "widgets", watching, networking).metadata_only();
+    let mut watcher = Watcher::new(slim(&api), "widgets", watching, networking).metadata_only();
     let mut objects = Vec::new();
     while objects.len() < 4 {
         let batch = tokio::time::timeout(WAIT, watcher.next_batch())
@@ -214,7 +224,7 @@ async fn a_metadata_only_watcher_gets_each_object_without_its_body() {
 async fn next_batch_is_cancel_safe_in_a_select_loop() {
     let (_emulator, api) = setup().await;
     let (watching, networking) = quick();
-    let mut watcher = Watcher::new(api.clone(), "widgets", watching, networking);
+    let mut watcher = Watcher::new(slim(&api), "widgets", watching, networking);
     assert_eq!(take(&mut watcher, 1).await, ["list-done"]);
     let writer = {
         let api = api.clone();
@@ -255,7 +265,7 @@ mod emulator_only {
         let (cluster, api) = setup().await;
         create(&api, "a").await;
         let (watching, networking) = quick();
-        let mut watcher = Watcher::new(api.clone(), "widgets", watching, networking);
+        let mut watcher = Watcher::new(slim(&api), "widgets", watching, networking);
         assert_eq!(take(&mut watcher, 2).await, ["listed a", "list-done"]);
         create(&api, "b").await;
         assert_eq!(take(&mut watcher, 1).await, ["ADDED b"]);
@@ -274,7 +284,7 @@ mod emulator_only {
         let (cluster, api) = setup().await;
         create(&api, "a").await;
         let (watching, networking) = quick();
-        let mut watcher = Watcher::new(api.clone(), "widgets", watching, networking);
+        let mut watcher = Watcher::new(slim(&api), "widgets", watching, networking);
         assert_eq!(take(&mut watcher, 2).await, ["listed a", "list-done"]);
         create(&api, "b").await;
         assert_eq!(take(&mut watcher, 1).await, ["ADDED b"]);
@@ -295,7 +305,7 @@ mod emulator_only {
         let (cluster, api) = setup().await;
         let (mut watching, networking) = quick();
         watching.inactivity_timeout = Duration::from_millis(300);
-        let mut watcher = Watcher::new(api.clone(), "widgets", watching, networking);
+        let mut watcher = Watcher::new(slim(&api), "widgets", watching, networking);
         assert_eq!(take(&mut watcher, 1).await, ["list-done"]);
         cluster
             .faults()
@@ -321,7 +331,7 @@ mod emulator_only {
         cluster
             .faults()
             .fail(Failure::new(500).verb("list").resource("widgets").times(5));
-        let mut watcher = Watcher::new(api.clone(), "widgets", watching, networking);
+        let mut watcher = Watcher::new(slim(&api), "widgets", watching, networking);
         let status = watcher.status();
         assert_eq!(take(&mut watcher, 2).await, ["listed a", "list-done"]);
         assert_eq!(status.restarts(RestartReason::Error), 5);
@@ -361,7 +371,7 @@ mod emulator_only {
         cluster
             .faults()
             .fail(Failure::new(429).verb("list").retry_after(1));
-        let mut watcher = Watcher::new(api.clone(), "widgets", watching, networking);
+        let mut watcher = Watcher::new(slim(&api), "widgets", watching, networking);
         let started = std::time::Instant::now();
         assert_eq!(take(&mut watcher, 1).await, ["list-done"]);
         assert!(

@@ -40,6 +40,8 @@ pub(crate) enum Outcome {
 /// One peering object, as this operator peers through it.
 pub(crate) struct Neighbourhood {
     api: Api<DynamicObject>,
+    /// The same, for the watch: objects decoded without their managedFields.
+    watch_api: Api<kactor_reactor::slim::Slim>,
     resource: PeeringResource,
     namespace: Option<String>,
     name: String,
@@ -79,6 +81,7 @@ impl Neighbourhood {
         };
         Neighbourhood {
             api: resource.api(client, namespace.as_deref()),
+            watch_api: resource.api(client, namespace.as_deref()),
             resource,
             namespace,
             name: settings.name.clone(),
@@ -169,7 +172,7 @@ impl Neighbourhood {
     pub(crate) async fn observe(&self, switch: &PauseSwitch, mut stop: Stop) -> Outcome {
         let label = format!("{} {}", self.resource, self.place());
         let mut watcher = Watcher::new(
-            self.api.clone(),
+            self.watch_api.clone(),
             label,
             Watching::default(),
             Networking::default(),

@@ -1,7 +1,7 @@
 //! The peering resources: Kopf's CRDs ([`crds`]), their objects ([`peering_object`]), and which of
 //! them the cluster serves ([`served_resources`]).
 
-use kube::api::{Api, DynamicObject};
+use kube::api::Api;
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{json, Value};
 
@@ -46,7 +46,10 @@ impl PeeringResource {
     }
 
     /// An API for its objects: in `namespace` if it is namespaced, else cluster-wide.
-    pub(crate) fn api(&self, client: &kube::Client, namespace: Option<&str>) -> Api<DynamicObject> {
+    pub(crate) fn api<K>(&self, client: &kube::Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: kube::Resource<DynamicType = ApiResource, Scope = kube::core::DynamicResourceScope>,
+    {
         let resource = ApiResource::from_gvk_with_plural(
             &GroupVersionKind::gvk(&self.group, VERSION, &self.kind),
             &self.plural,

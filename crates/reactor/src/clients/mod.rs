@@ -8,4 +8,5 @@ pub mod metered;
 pub mod observe;
 pub mod patches;
 pub mod posting;
+pub mod slim;
 pub mod watching;

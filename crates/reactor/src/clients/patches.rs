@@ -27,6 +27,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kube::api::{Api, DynamicObject, ObjectMeta, Patch as KubePatch, PatchParams};
+
+use crate::clients::slim::Slim;
 use serde_json::{json, Map, Value};
 
 use crate::structs::resources::Resource;
@@ -273,7 +275,8 @@ pub async fn apply(
     if changes.is_empty() {
         return Ok(applied);
     }
-    let api: Api<DynamicObject> = match (&body.metadata.namespace, resource.namespaced) {
+    // Answers are decoded without their managedFields (see `slim`).
+    let api: Api<Slim> = match (&body.metadata.namespace, resource.namespaced) {
         (Some(namespace), true) => {
             Api::namespaced_with(client.clone(), namespace, &resource.api_resource())
         }
@@ -295,7 +298,8 @@ pub async fn apply(
                 }
             }
         })
-        .await;
+        .await
+        .map(Slim::into_inner);
         match response {
             Ok(object) => {
                 warn_inconsistencies(&patch, &object);
@@ -380,7 +384,7 @@ fn merge_requests(
 /// Applies the transformations to a JSON copy of `body` and sends the difference as JSON patches
 /// (body, then status), each starting with a test of the resourceVersion. None: nothing changed.
 async fn transform(
-    api: &Api<DynamicObject>,
+    api: &Api<Slim>,
     name: &str,
     body: &DynamicObject,
     fns: &[PatchFn],
@@ -419,7 +423,8 @@ async fn transform(
                 api.patch(name, &params, &patch).await
             }
         })
-        .await?;
+        .await?
+        .into_inner();
         resource_version = object.metadata.resource_version.clone().unwrap_or_default();
         last = Some(object);
     }

@@ -35,6 +35,7 @@ use kube::api::{
 
 pub use crate::clients::observe::WatchStatus;
 use crate::clients::observe::{NoObserver, Observer};
+use crate::clients::slim::Slim;
 pub use crate::structs::names::{EventType, RestartReason};
 use crate::structs::settings::{Networking, Watching};
 
@@ -92,7 +93,7 @@ enum State {
     Watching {
         /// The last resourceVersion delivered.
         rv: String,
-        /// The stream.
+        /// The stream (its objects decoded without their managedFields: see `slim`).
         stream: BoxStream<'static, kube::Result<WatchEvent<DynamicObject>>>,
     },
 }
@@ -110,7 +111,7 @@ enum Step {
 
 /// The watcher of one resource in one namespace (or cluster-wide).
 pub struct Watcher {
-    api: Api<DynamicObject>,
+    api: Api<Slim>,
     label: String,
     params: ListParams,
     watching: Watching,
@@ -146,9 +147,10 @@ impl Tell {
 }
 
 impl Watcher {
-    /// A watcher over `api` (namespaced or all-namespace); `label` names it in logs and errors.
+    /// A watcher over `api` (namespaced or all-namespace: [`crate::slim::api`]); `label` names it in
+    /// logs and errors. Objects come without their `managedFields` ([`crate::slim`]).
     pub fn new(
-        api: Api<DynamicObject>,
+        api: Api<Slim>,
         label: impl Into<String>,
         watching: Watching,
         networking: Networking,
@@ -262,7 +264,11 @@ impl Watcher {
                     items: page.items.into_iter().map(from_metadata).collect(),
                 })
         } else {
-            self.api.list(&params).await
+            self.api.list(&params).await.map(|page| ObjectList {
+                types: page.types,
+                metadata: page.metadata,
+                items: page.items.into_iter().map(Slim::into_inner).collect(),
+            })
         };
         match page {
             Ok(page) => {
@@ -313,7 +319,10 @@ impl Watcher {
                 .await
                 .map(|stream| stream.map(|event| event.map(event_from_metadata)).boxed())
         } else {
-            self.api.watch(&params, &rv).await.map(StreamExt::boxed)
+            self.api
+                .watch(&params, &rv)
+                .await
+                .map(|stream| stream.map(|event| event.map(event_from_slim)).boxed())
         };
         match stream {
             Ok(stream) => {
@@ -463,17 +472,27 @@ impl Watcher {
 
 /// A metadata-only object as the consumers take every object: no type fields (the server's are
 /// `meta.k8s.io/v1` `PartialObjectMetadata`, not the object's), empty data.
-fn from_metadata(partial: PartialObjectMeta<DynamicObject>) -> DynamicObject {
+fn from_metadata(partial: PartialObjectMeta<Slim>) -> DynamicObject {
+    let mut metadata = partial.metadata;
+    metadata.managed_fields = None;
     DynamicObject {
         types: None,
-        metadata: partial.metadata,
+        metadata,
         data: serde_json::Value::Object(serde_json::Map::new()),
     }
 }
 
-fn event_from_metadata(
-    event: WatchEvent<PartialObjectMeta<DynamicObject>>,
-) -> WatchEvent<DynamicObject> {
+fn event_from_slim(event: WatchEvent<Slim>) -> WatchEvent<DynamicObject> {
+    match event {
+        WatchEvent::Added(object) => WatchEvent::Added(object.into_inner()),
+        WatchEvent::Modified(object) => WatchEvent::Modified(object.into_inner()),
+        WatchEvent::Deleted(object) => WatchEvent::Deleted(object.into_inner()),
+        WatchEvent::Bookmark(bookmark) => WatchEvent::Bookmark(bookmark),
+        WatchEvent::Error(status) => WatchEvent::Error(status),
+    }
+}
+
+fn event_from_metadata(event: WatchEvent<PartialObjectMeta<Slim>>) -> WatchEvent<DynamicObject> {
     match event {
         WatchEvent::Added(object) => WatchEvent::Added(from_metadata(object)),
         WatchEvent::Modified(object) => WatchEvent::Modified(from_metadata(object)),

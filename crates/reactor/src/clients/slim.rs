@@ -1,0 +1,332 @@
+//! Objects decoded as the operator keeps them: a [`DynamicObject`] without
+//! `metadata.managedFields`, decoded in one pass.
+//!
+//! A real API server sends every object, every answer to a write and every watch event with its
+//! `managedFields`: the field managers of server-side apply, often as large as the rest of the
+//! object. Nothing in kactor reads them (the essence, the diff-base and the caches leave them out),
+//! and decoding them into `ObjectMeta` was a tenth of an operator's CPU against a real server. So
+//! [`Slim`] skips them while decoding. It also decodes the object straight into its parts:
+//! `DynamicObject`'s own `Deserialize` (two `#[serde(flatten)]` fields) buffers every object into
+//! an intermediate tree first.
+//!
+//! Everything else is decoded exactly as `DynamicObject` decodes it (a test compares the two).
+//! Handlers see bodies without `managedFields`; one that needs them reads the object itself.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{ApiResource, DynamicObject, TypeMeta};
+use kube::Resource;
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+/// A [`DynamicObject`] decoded without `metadata.managedFields`; see the module's documentation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Slim(pub DynamicObject);
+
+impl Slim {
+    /// The object.
+    pub fn into_inner(self) -> DynamicObject {
+        self.0
+    }
+}
+
+impl From<Slim> for DynamicObject {
+    fn from(slim: Slim) -> Self {
+        slim.0
+    }
+}
+
+/// The API of a resource whose objects are decoded as [`Slim`]: `Api::namespaced_with` or
+/// `Api::all_with` of the same client and resource.
+pub fn api(
+    client: kube::Client,
+    namespace: Option<&str>,
+    resource: &ApiResource,
+) -> kube::Api<Slim> {
+    match namespace {
+        Some(namespace) => kube::Api::namespaced_with(client, namespace, resource),
+        None => kube::Api::all_with(client, resource),
+    }
+}
+
+impl Resource for Slim {
+    type DynamicType = ApiResource;
+    type Scope = <DynamicObject as Resource>::Scope;
+
+    fn group(dt: &ApiResource) -> Cow<'_, str> {
+        DynamicObject::group(dt)
+    }
+
+    fn version(dt: &ApiResource) -> Cow<'_, str> {
+        DynamicObject::version(dt)
+    }
+
+    fn kind(dt: &ApiResource) -> Cow<'_, str> {
+        DynamicObject::kind(dt)
+    }
+
+    fn api_version(dt: &ApiResource) -> Cow<'_, str> {
+        DynamicObject::api_version(dt)
+    }
+
+    fn plural(dt: &ApiResource) -> Cow<'_, str> {
+        DynamicObject::plural(dt)
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.0.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.0.metadata
+    }
+}
+
+impl<'de> Deserialize<'de> for Slim {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(ObjectVisitor).map(Slim)
+    }
+}
+
+/// The top level: `apiVersion` and `kind` into the type fields (when both are strings, as
+/// `DynamicObject`'s flattened `TypeMeta` takes them), `metadata` through [`MetadataSeed`], the
+/// rest into `data`.
+struct ObjectVisitor;
+
+impl<'de> Visitor<'de> for ObjectVisitor {
+    type Value = DynamicObject;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a Kubernetes object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<DynamicObject, A::Error> {
+        let mut metadata = None;
+        let mut data = Map::new();
+        // The type fields in the order they came: `DynamicObject`'s flattened `TypeMeta` takes
+        // them in that order, and stops at the first that is not a string.
+        let mut type_fields = Vec::with_capacity(2);
+        while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
+            if key == "metadata" {
+                if metadata.is_some() {
+                    return Err(de::Error::duplicate_field("metadata"));
+                }
+                metadata = Some(map.next_value_seed(MetadataSeed)?);
+                continue;
+            }
+            match &*key {
+                "apiVersion" => type_fields.push("apiVersion"),
+                "kind" => type_fields.push("kind"),
+                _ => {}
+            }
+            data.insert(key.into_owned(), map.next_value::<Value>()?);
+        }
+        let types = take_types(&mut data, &type_fields);
+        Ok(DynamicObject {
+            types,
+            metadata: metadata.unwrap_or_default(),
+            data: Value::Object(data),
+        })
+    }
+}
+
+/// Takes the type fields out of `data` as `DynamicObject`'s flattened `Option<TypeMeta>` does:
+/// each in the order it came, until one is not a string (it is taken all the same, and the rest
+/// stay); the type is there only if both were strings.
+fn take_types(data: &mut Map<String, Value>, order: &[&str]) -> Option<TypeMeta> {
+    let (mut api_version, mut kind) = (None, None);
+    for &field in order {
+        match data.remove(field) {
+            Some(Value::String(value)) if field == "apiVersion" => api_version = Some(value),
+            Some(Value::String(value)) => kind = Some(value),
+            _ => return None,
+        }
+    }
+    Some(TypeMeta {
+        api_version: api_version?,
+        kind: kind?,
+    })
+}
+
+/// A map key, borrowed from the input where it can be (serde's own `Cow<str>` is always owned).
+struct Key<'de>(Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a key")
+            }
+
+            fn visit_borrowed_str<E: de::Error>(self, key: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(key)))
+            }
+
+            fn visit_str<E: de::Error>(self, key: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(key.to_owned())))
+            }
+
+            fn visit_string<E: de::Error>(self, key: String) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(key)))
+            }
+        }
+
+        deserializer.deserialize_str(KeyVisitor)
+    }
+}
+
+/// `ObjectMeta`, decoded by its own `Deserialize` from the map with `managedFields` left out.
+struct MetadataSeed;
+
+impl<'de> DeserializeSeed<'de> for MetadataSeed {
+    type Value = ObjectMeta;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<ObjectMeta, D::Error> {
+        deserializer.deserialize_map(MetadataVisitor)
+    }
+}
+
+struct MetadataVisitor;
+
+impl<'de> Visitor<'de> for MetadataVisitor {
+    type Value = ObjectMeta;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object's metadata")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ObjectMeta, A::Error> {
+        ObjectMeta::deserialize(de::value::MapAccessDeserializer::new(WithoutManagedFields(
+            map,
+        )))
+    }
+}
+
+/// A map with its `managedFields` entry skipped, unread.
+struct WithoutManagedFields<A>(A);
+
+impl<'de, A: MapAccess<'de>> MapAccess<'de> for WithoutManagedFields<A> {
+    type Error = A::Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, A::Error> {
+        loop {
+            let Some(Key(key)) = self.0.next_key::<Key<'de>>()? else {
+                return Ok(None);
+            };
+            if key == "managedFields" {
+                self.0.next_value::<IgnoredAny>()?;
+                continue;
+            }
+            return match key {
+                Cow::Borrowed(key) => seed
+                    .deserialize(de::value::BorrowedStrDeserializer::new(key))
+                    .map(Some),
+                Cow::Owned(key) => seed
+                    .deserialize(de::value::StringDeserializer::new(key))
+                    .map(Some),
+            };
+        }
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, A::Error> {
+        self.0.next_value_seed(seed)
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        self.0.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn managed() -> Value {
+        json!([{"manager": "kubectl", "operation": "Update", "apiVersion": "v1",
+                "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1",
+                "fieldsV1": {"f:metadata": {"f:labels": {".": {}, "f:app": {}}}, "f:spec": {"f:size": {}}}}])
+    }
+
+    /// The same as `DynamicObject` decodes it, but for `managedFields`.
+    #[test]
+    fn objects_decode_as_dynamic_objects_do_without_managed_fields() {
+        let samples = [
+            json!({"apiVersion": "example.com/v1", "kind": "Widget",
+                   "metadata": {"name": "w", "namespace": "n", "uid": "u", "resourceVersion": "7",
+                                "generation": 2, "labels": {"app": "demo"},
+                                "annotations": {"a\"b": "c\\nd"}, "finalizers": ["f"],
+                                "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap",
+                                                     "name": "c", "uid": "x", "controller": true}],
+                                "creationTimestamp": "2026-01-01T00:00:00Z",
+                                "managedFields": managed()},
+                   "spec": {"size": 3, "nested": {"list": [1, "two", null, 1.5]}},
+                   "status": {"create_fn": {"message": "hello"}}}),
+            // From a list: no type fields.
+            json!({"metadata": {"name": "w", "managedFields": managed()}, "spec": {}}),
+            // One type field alone stays in the data, as with DynamicObject.
+            json!({"kind": "Widget", "metadata": {"name": "w"}}),
+            json!({"apiVersion": "v1", "metadata": {"name": "w"}, "data": {"k": "v"}}),
+            // No metadata.
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {}}),
+            // Type fields that are not strings, in either order.
+            json!({"apiVersion": 1, "kind": "Widget", "metadata": {"name": "w"}}),
+            json!({"kind": "Widget", "apiVersion": 1, "metadata": {"name": "w"}}),
+            json!({"kind": ["Widget"], "apiVersion": "v1", "metadata": {"name": "w"}}),
+        ];
+        for sample in samples {
+            let text = serde_json::to_vec(&sample).unwrap();
+            let mut expected: DynamicObject = serde_json::from_slice(&text).unwrap();
+            expected.metadata.managed_fields = None;
+            let slim: Slim = serde_json::from_slice(&text).unwrap();
+            assert_eq!(slim.0, expected, "{sample}");
+        }
+    }
+
+    #[test]
+    fn metadata_of_the_wrong_shape_is_an_error_as_with_dynamic_objects() {
+        for sample in [
+            json!({"metadata": {"name": 5}}),
+            json!({"metadata": []}),
+            json!({"metadata": {"labels": {"a": 1}}}),
+            json!({"metadata": null}),
+        ] {
+            let text = serde_json::to_vec(&sample).unwrap();
+            assert!(
+                serde_json::from_slice::<DynamicObject>(&text).is_err(),
+                "{sample}"
+            );
+            assert!(serde_json::from_slice::<Slim>(&text).is_err(), "{sample}");
+        }
+    }
+
+    #[test]
+    fn watch_events_and_lists_decode() {
+        let event = json!({"type": "MODIFIED", "object": {"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": "c", "resourceVersion": "9", "managedFields": managed()}}});
+        let event: kube::api::WatchEvent<Slim> = serde_json::from_value(event).unwrap();
+        let kube::api::WatchEvent::Modified(Slim(object)) = event else {
+            panic!("{event:?}")
+        };
+        assert_eq!(object.metadata.resource_version.as_deref(), Some("9"));
+        assert!(object.metadata.managed_fields.is_none());
+        let list = json!({"apiVersion": "v1", "kind": "ConfigMapList",
+                          "metadata": {"resourceVersion": "10", "continue": "t"},
+                          "items": [{"metadata": {"name": "c", "managedFields": managed()}}]});
+        let list: kube::api::ObjectList<Slim> = serde_json::from_value(list).unwrap();
+        assert_eq!(list.items.len(), 1);
+        assert!(list.items[0].0.metadata.managed_fields.is_none());
+        assert_eq!(list.metadata.continue_.as_deref(), Some("t"));
+    }
+}
