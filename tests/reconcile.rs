@@ -49,6 +49,27 @@ async fn ensure_config_map(ctx: Ctx) -> Result<Action, HandlerError> {
     Ok(Action::await_change())
 }
 
+/// Deletes the ConfigMap `first` by hand, and waits until its owner made it again (a new uid).
+async fn delete_and_see_it_made_again(config_maps: &Api<ConfigMap>, first: &ConfigMap) {
+    let name = first.name_any();
+    config_maps
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let again = config_maps.get_opt(&name).await.unwrap();
+        if again.as_ref().is_some_and(|c| c.uid() != first.uid()) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the ConfigMap is not made again"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owned_object_deleted_by_hand_is_made_again_by_its_owner() {
     let (cluster, widgets) = cluster_with_widgets().await;
@@ -71,22 +92,7 @@ async fn an_owned_object_deleted_by_hand_is_made_again_by_its_owner() {
     let running = spawn(operator);
     create_widget(&widgets, "w1", 1).await;
     let first = eventually_get(&config_maps, "w1").await;
-    config_maps
-        .delete("w1", &DeleteParams::default())
-        .await
-        .unwrap();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let again = config_maps.get_opt("w1").await.unwrap();
-        if again.as_ref().is_some_and(|c| c.uid() != first.uid()) {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the ConfigMap is not made again"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    delete_and_see_it_made_again(&config_maps, &first).await;
     // The handler was told what changed: its ConfigMap, deleted.
     eventually("the deletion among the triggers", || {
         related
@@ -142,22 +148,7 @@ async fn a_metadata_only_cache_routes_owned_objects_and_keeps_no_bodies() {
         !cached.lock().unwrap().is_empty()
     })
     .await;
-    config_maps
-        .delete("w1", &DeleteParams::default())
-        .await
-        .unwrap();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let again = config_maps.get_opt("w1").await.unwrap();
-        if again.as_ref().is_some_and(|c| c.uid() != first.uid()) {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the ConfigMap is not made again"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    delete_and_see_it_made_again(&config_maps, &first).await;
     let cached = cached.lock().unwrap().clone();
     assert!(
         cached.iter().all(|data| *data == json!({})),

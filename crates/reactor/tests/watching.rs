@@ -62,16 +62,25 @@ fn describe(item: &WatchItem) -> String {
 }
 
 /// Collects items until `count` were seen.
-async fn take(watcher: &mut Watcher, count: usize) -> Vec<String> {
+async fn take_items(watcher: &mut Watcher, count: usize) -> Vec<WatchItem> {
     let mut seen = Vec::new();
     while seen.len() < count {
         let batch = tokio::time::timeout(WAIT, watcher.next_batch())
             .await
             .expect("items in time")
             .expect("no watch error");
-        seen.extend(batch.iter().map(describe));
+        seen.extend(batch);
     }
     seen
+}
+
+/// Collects items until `count` were seen, described.
+async fn take(watcher: &mut Watcher, count: usize) -> Vec<String> {
+    take_items(watcher, count)
+        .await
+        .iter()
+        .map(describe)
+        .collect()
 }
 
 #[tokio::test]
@@ -154,14 +163,7 @@ async fn a_metadata_only_watcher_gets_each_object_without_its_body() {
     }
     let (watching, networking) = quick();
     let mut watcher = Watcher::new(slim(&api), "widgets", watching, networking).metadata_only();
-    let mut objects = Vec::new();
-    while objects.len() < 4 {
-        let batch = tokio::time::timeout(WAIT, watcher.next_batch())
-            .await
-            .expect("items in time")
-            .expect("no watch error");
-        objects.extend(batch);
-    }
+    let objects = take_items(&mut watcher, 4).await;
     assert_eq!(
         objects.iter().map(describe).collect::<Vec<_>>(),
         ["listed a", "listed b", "listed c", "list-done"],
@@ -193,14 +195,7 @@ async fn a_metadata_only_watcher_gets_each_object_without_its_body() {
     .await
     .unwrap();
     api.delete("b", &DeleteParams::default()).await.unwrap();
-    let mut events = Vec::new();
-    while events.len() < 2 {
-        let batch = tokio::time::timeout(WAIT, watcher.next_batch())
-            .await
-            .expect("events in time")
-            .expect("no watch error");
-        events.extend(batch);
-    }
+    let events = take_items(&mut watcher, 2).await;
     assert_eq!(
         events.iter().map(describe).collect::<Vec<_>>(),
         ["MODIFIED a", "DELETED b"]
