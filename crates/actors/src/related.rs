@@ -183,9 +183,8 @@ impl RelatedWatch {
         }
     }
 
-    /// The object as the cache keeps it.
+    /// The object as the cache keeps it (the watcher decoded it without `managedFields`).
     fn kept(&self, mut object: DynamicObject) -> Arc<DynamicObject> {
-        object.metadata.managed_fields = None;
         if let Some(transform) = &self.config.transform {
             transform(&mut object);
         }

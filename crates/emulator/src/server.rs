@@ -843,8 +843,8 @@ fn delete_options(call: &Call) -> ApiResult<DeleteOptions> {
     })
 }
 
-/// Encodes a list without copying its objects into a new `Value`.
-/// A list page, of whole objects or (`metadata`) a `PartialObjectMetadataList`.
+/// Encodes a list page without copying its objects into a new `Value`: whole objects, or with
+/// `metadata_only` a `PartialObjectMetadataList`.
 fn encode_list(target: &Target, page: &store::ListPage, metadata_only: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(128 + page.items.len() * 512);
     let mut metadata = json!({"resourceVersion": page.rv.to_string()});
@@ -1110,13 +1110,10 @@ fn bookmark(spec: &WatchSpec, initial_end: bool) -> Bytes {
     if initial_end {
         metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
     }
+    let object = json!({"kind": spec.target.rtype.kind, "apiVersion": spec.target.api_version, "metadata": metadata});
     let object = match spec.view {
-        View::Metadata => {
-            json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": metadata})
-        }
-        _ => {
-            json!({"kind": spec.target.rtype.kind, "apiVersion": spec.target.api_version, "metadata": metadata})
-        }
+        View::Metadata => table::partial_metadata(&object),
+        _ => object,
     };
     encode_event("BOOKMARK", &object)
 }

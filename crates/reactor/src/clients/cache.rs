@@ -374,6 +374,9 @@ impl Cache {
         let Some(key) = key_of(&object) else {
             return false;
         };
+        // Kept as the watch keeps objects: never with managedFields (the answer to a handler's
+        // own request has them), and as metadata alone for a metadata-only kind.
+        object.metadata.managed_fields = None;
         if self
             .store
             .inner
@@ -382,7 +385,6 @@ impl Cache {
         {
             object.types = None;
             object.data = serde_json::Value::Object(serde_json::Map::new());
-            object.metadata.managed_fields = None;
         }
         let mut state = self.store.write();
         if let Some(held) = state.objects.get_mut(&key) {

@@ -27,10 +27,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kube::api::{Api, DynamicObject, ObjectMeta, Patch as KubePatch, PatchParams};
-
-use crate::clients::slim::Slim;
 use serde_json::{json, Map, Value};
 
+use crate::clients::slim::{self, Slim};
 use crate::structs::resources::Resource;
 
 /// The status field that holds the framework's own state (Kopf's status storage), sent last.
@@ -276,12 +275,14 @@ pub async fn apply(
         return Ok(applied);
     }
     // Answers are decoded without their managedFields (see `slim`).
-    let api: Api<Slim> = match (&body.metadata.namespace, resource.namespaced) {
-        (Some(namespace), true) => {
-            Api::namespaced_with(client.clone(), namespace, &resource.api_resource())
-        }
-        _ => Api::all_with(client.clone(), &resource.api_resource()),
-    };
+    let api = slim::api(
+        client.clone(),
+        body.metadata
+            .namespace
+            .as_deref()
+            .filter(|_| resource.namespaced),
+        &resource.api_resource(),
+    );
     let name = body.metadata.name.clone().unwrap_or_default();
     let has_status = resource.subresources.iter().any(|s| s == "status");
 
