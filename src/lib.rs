@@ -169,6 +169,15 @@ pub mod posting {
     pub use kactor_reactor::posting::{Level, PostingSettings};
 }
 
+/// Sharding: replicas that share one operator's objects (`docs/sharding.md`). The labels, the fence
+/// and a replica's place in the ring ([`Settings::shard`](settings::Settings::shard)).
+pub mod sharding {
+    pub use kactor_reactor::sharding::{
+        drain_label, shard_label, Shard, ShardError, Standing, DRAINING, DRAIN_LABEL_PREFIX,
+        RING_LABEL, SHARD_LABEL_PREFIX,
+    };
+}
+
 /// What the cluster serves, and how handlers name it.
 pub mod resources {
     pub use kactor_reactor::resources::{Resource, Selector};

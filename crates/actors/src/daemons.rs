@@ -47,11 +47,12 @@ use kactor_reactor::execution::{execute_once, Invocation};
 use kactor_reactor::handlers::{Attempt, Ctx, Memo, ResourceHandlers, Spawning, SpawningHandler};
 use kactor_reactor::indexes::Indexes;
 use kactor_reactor::observe::Observer;
-use kactor_reactor::patches::{self, Applied, ApplyError, Changes, Patch};
+use kactor_reactor::patches::{self, Applied, ApplyError, Changes, Fence, Patch};
 use kactor_reactor::posting::EventPoster;
 use kactor_reactor::processing::{deliver_result, SpawnDecision};
 use kactor_reactor::progression::Outcome;
 use kactor_reactor::resources::Resource;
+use kactor_reactor::sharding::Shard;
 use kactor_reactor::watching::EventType;
 use kube::api::DynamicObject;
 use serde_json::Value;
@@ -81,6 +82,8 @@ pub struct ApiSink {
     pub resource: Arc<Resource>,
     /// `networking.error_backoffs`.
     pub backoffs: Vec<Duration>,
+    /// The write fence of a sharded operator (`settings.shard`).
+    pub shard: Option<Shard>,
 }
 
 impl PatchSink for ApiSink {
@@ -96,6 +99,10 @@ impl PatchSink for ApiSink {
                 &body,
                 changes,
                 &self.backoffs,
+                self.shard.as_ref().map(|shard| Fence {
+                    shard,
+                    draining: false,
+                }),
             )
             .await
         }
@@ -266,6 +273,10 @@ impl ObjectDaemons {
         }
         if decision.deletion {
             self.stop_all(StopReason::ResourceDeleted);
+            return;
+        }
+        if decision.draining {
+            self.stop_all(StopReason::OperatorDraining);
             return;
         }
         let unwanted: Vec<usize> = self

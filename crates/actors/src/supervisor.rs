@@ -43,6 +43,7 @@ use kactor_reactor::posting::EventPoster;
 use kactor_reactor::processing::{ObjectMemory, Processor};
 use kactor_reactor::resources::Resource;
 use kactor_reactor::settings::Settings;
+use kactor_reactor::sharding::Standing;
 use kactor_reactor::stopping::StopReason;
 use kactor_reactor::triggers::{Related, Trigger, Triggers};
 use kactor_reactor::watching::{EventType, WatchError, WatchItem, WatchStatus, Watcher};
@@ -285,6 +286,9 @@ struct Record {
     /// Triggers that came while paused: they go with the object's next event (the listing after
     /// the resume dispatches it).
     paused_triggers: Option<Box<Triggers>>,
+    /// The object left this replica's shard while its worker still had its memory: the record
+    /// goes when the memory is back, unless the object came back meanwhile (sharding).
+    departed: bool,
 }
 
 impl Record {
@@ -370,6 +374,10 @@ impl ResourceSupervisor {
                 host.seen(&body);
             }
         }
+        if event_type == EventType::Deleted && self.departs(&body) {
+            self.depart(&key);
+            return;
+        }
         let object = &*body;
         let rv = object
             .metadata
@@ -411,7 +419,9 @@ impl ResourceSupervisor {
             worker: None,
             body: None,
             paused_triggers: None,
+            departed: false,
         });
+        record.departed = false;
         if record.rv != rv {
             record.rv = CompactString::from(rv);
         }
@@ -472,6 +482,47 @@ impl ResourceSupervisor {
         }
     }
 
+    /// Whether a DELETED event means the object left this replica's shard (its labels name
+    /// another replica, or none: handed over or relabelled) rather than its deletion. A deletion's
+    /// last state still names us. An object that vanished while the stream was down is known
+    /// only by its identity: with sharding, it is taken as departed too (it may live on,
+    /// elsewhere).
+    fn departs(&self, body: &DynamicObject) -> bool {
+        self.config
+            .settings
+            .shard
+            .as_ref()
+            .is_some_and(|shard| shard.standing(body) == Standing::NotMine)
+    }
+
+    /// The object is no longer this replica's: its worker stops after its cycle under way (whose
+    /// writes the fence rejects), its daemons and timers stop (`OPERATOR_DRAINING`), its actors
+    /// go, and so does its record, once the worker has given its memory back. Nothing of a
+    /// deletion happens: no handlers, no `DELETED` for event handlers.
+    fn depart(&mut self, key: &Arc<str>) {
+        tracing::debug!(supervisor = %self.label, object = %key, "the object left this replica's shard");
+        if let Some(indexes) = &self.config.indexes {
+            for handler in &self.config.handlers.index {
+                indexes.remove(&handler.id, key);
+            }
+        }
+        let record_key = RecordKey::of(key);
+        let Some(record) = self.records.get_mut(&record_key) else {
+            return;
+        };
+        if let Some(worker) = record.worker.take() {
+            worker.do_send(worker::Depart);
+        }
+        record.held = None;
+        record.body = None;
+        record.paused_triggers = None;
+        if let Memory::Lent(_) = record.memory {
+            record.departed = true;
+        } else if let Some(record) = self.records.remove(&record_key) {
+            self.actors_gone(&record_key, &record, StopReason::OperatorDraining);
+        }
+    }
+
     /// Stops the object's actors, for `reason`.
     fn actors_gone(&self, key: &RecordKey, record: &Record, reason: StopReason) {
         if self.config.actors.is_empty() {
@@ -506,6 +557,11 @@ impl ResourceSupervisor {
         )
         .observed(config.observer.clone(), self.resource_label.clone())
         .with_status(self.status.clone());
+        if let Some(shard) = &config.settings.shard {
+            // Only this replica's objects: an object that leaves the selector (handed over,
+            // relabelled) comes as DELETED with its new labels, which `route` tells from a deletion.
+            watcher = watcher.labels(&shard.selector());
+        }
         self.status.set_paused(false);
         self.listing.clear();
         if let Some(store) = &self.store {
@@ -632,6 +688,7 @@ impl Actor for ResourceSupervisor {
                     client: config.client.clone(),
                     resource: config.resource.clone(),
                     backoffs: config.settings.networking.error_backoffs.clone(),
+                    shard: config.settings.shard.clone(),
                 }),
                 observer: config.observer.clone(),
                 label: self.resource_label.clone(),
@@ -780,6 +837,15 @@ impl Handler<Returned> for ResourceSupervisor {
         }
         let mut memory = returned.memory;
         memory.shed();
+        if record.departed {
+            // It left this replica's shard while the worker ran.
+            let record_key = RecordKey::of(&returned.key);
+            if let Some(record) = self.records.remove(&record_key) {
+                self.actors_gone(&record_key, &record, StopReason::OperatorDraining);
+            }
+            crate::memory::worker_released(&self.config.runtime);
+            return;
+        }
         record.memory = Memory::Here(memory);
         if record.memo.as_ref().is_some_and(Memo::is_unused) {
             record.memo = None;

@@ -184,6 +184,12 @@ pub struct Stop;
 #[rtype(result = "()")]
 pub struct Pause;
 
+/// The object left this replica's shard (sharding): stop as on [`Stop`], but its daemons and timers
+/// stop for `OPERATOR_DRAINING` (another replica starts them again).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Depart;
+
 /// A cycle decided which daemons and timers should run.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -814,6 +820,18 @@ impl Handler<Pause> for ObjectWorker {
         self.set_wake(None, ctx);
         if let Some(daemons) = &mut self.daemons {
             daemons.stop_all(StopReason::OperatorPausing);
+        }
+    }
+}
+
+impl Handler<Depart> for ObjectWorker {
+    type Result = ();
+
+    fn handle(&mut self, _: Depart, ctx: &mut Context<Self>) {
+        self.apply(Input::Stop, ctx);
+        self.set_wake(None, ctx);
+        if let Some(daemons) = &mut self.daemons {
+            daemons.stop_all(StopReason::OperatorDraining);
         }
     }
 }

@@ -218,6 +218,7 @@ impl Harness {
             wanted: wanted.to_vec(),
             deletion: false,
             essential_change: false,
+            ..SpawnDecision::default()
         };
         self.daemons.apply(&decision, self.may_start);
     }
@@ -227,6 +228,15 @@ impl Harness {
             wanted: wanted.to_vec(),
             deletion: false,
             essential_change: true,
+            ..SpawnDecision::default()
+        };
+        self.daemons.apply(&decision, self.may_start);
+    }
+
+    fn drain(&mut self) {
+        let decision = SpawnDecision {
+            draining: true,
+            ..SpawnDecision::default()
         };
         self.daemons.apply(&decision, self.may_start);
     }
@@ -236,6 +246,7 @@ impl Harness {
             wanted: vec![],
             deletion: true,
             essential_change: false,
+            ..SpawnDecision::default()
         };
         self.daemons.apply(&decision, self.may_start);
     }
@@ -721,6 +732,36 @@ async fn a_daemon_that_exits_on_its_signal_is_neither_signalled_again_nor_cancel
     assert_eq!(h.daemons.holding(), 0);
     assert_eq!(h.observed.exited.load(Ordering::SeqCst), 1);
     assert!(!h.daemons.excluded().contains("d"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handover_stops_daemons_for_operator_draining_and_starts_none() {
+    let log = Log::new();
+    let mut h = Harness::new(vec![
+        spawning(
+            "d",
+            Spawning::Daemon(Daemon::new()),
+            Options::default(),
+            polite(&log),
+        ),
+        spawning(
+            "e",
+            Spawning::Daemon(Daemon::new()),
+            Options::default(),
+            polite(&log),
+        ),
+    ]);
+    h.decide(&[0]);
+    h.run_for(secs(1)).await;
+    // The handover: the running one stops, and the one that was not running does not start.
+    h.drain();
+    h.run_for(secs(1)).await;
+    assert_eq!(log.lines(), vec!["started", "stopped OPERATOR_DRAINING"]);
+    assert_eq!(h.daemons.holding(), 0);
+    assert!(
+        !h.daemons.excluded().contains("d"),
+        "the next owner starts it again"
+    );
 }
 
 /// Records its drop (the cancellation of the future that owns it) and the stop reasons then.

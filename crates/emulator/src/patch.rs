@@ -55,6 +55,17 @@ pub fn apply(
             for operation in patch.as_array().into_iter().flatten() {
                 let mut operation = operation.clone();
                 let path = operation["path"].as_str().unwrap_or_default().to_string();
+                if operation["op"] == "test"
+                    && operation["value"].is_null()
+                    && result.pointer(&path).is_none()
+                {
+                    // The API server's library passes a test of `null` where the key is absent
+                    // (its parent must be there): how a writer tests that a label is not set.
+                    let parent = path.rsplit_once('/').map_or("", |(parent, _)| parent);
+                    if result.pointer(parent).is_some_and(Value::is_object) {
+                        continue;
+                    }
+                }
                 if operation["op"] == "replace" && result.pointer(&path).is_none() {
                     let parent = path.rsplit_once('/').map_or("", |(parent, _)| parent);
                     if result.pointer(parent).is_some_and(Value::is_object) {
@@ -141,6 +152,22 @@ mod tests {
         let patch = json!([{"op": "test", "path": "/metadata/resourceVersion", "value": "4"}]);
         let error = apply(PatchKind::Json, &target, &patch, invalid).unwrap_err();
         assert_eq!(error.code, 422);
+    }
+
+    #[test]
+    fn a_null_test_passes_where_the_key_is_absent_as_in_the_api_server() {
+        let target = json!({"metadata": {"labels": {"shard": "a"}}});
+        let passes = |patch: Value| apply(PatchKind::Json, &target, &patch, invalid).map(|_| ());
+        assert!(
+            passes(json!([{"op": "test", "path": "/metadata/labels/drain", "value": null}]))
+                .is_ok()
+        );
+        let present =
+            passes(json!([{"op": "test", "path": "/metadata/labels/shard", "value": null}]));
+        assert_eq!(present.unwrap_err().code, 422);
+        let no_parent =
+            passes(json!([{"op": "test", "path": "/metadata/annotations/x", "value": null}]));
+        assert_eq!(no_parent.unwrap_err().code, 422, "the parent must be there");
     }
 
     #[test]

@@ -24,5 +24,5 @@ pub use intents::{
 pub use storage::{diffbase, progress, progression};
 pub use structs::{
     causes, conditions, diffs, finalizers, hierarchies, keys, lifecycles, logging, names,
-    namespaces, pausing, resources, settings, stopping, triggers,
+    namespaces, pausing, resources, settings, sharding, stopping, triggers,
 };

@@ -44,10 +44,17 @@ async fn a_result_is_stored_before_the_record_that_its_handler_succeeded() {
     // An invalid label makes the server refuse the body's patch (422), whole.
     patch.label("not a valid label key!", Some("x"));
 
-    let error = patches::apply(&cluster.client(), &widgets(), &body, patch.take(), &[])
-        .await
-        .err()
-        .expect("the body's patch is refused");
+    let error = patches::apply(
+        &cluster.client(),
+        &widgets(),
+        &body,
+        patch.take(),
+        &[],
+        None,
+    )
+    .await
+    .err()
+    .expect("the body's patch is refused");
     assert!(error.to_string().contains("the object"), "{error}");
 
     let stored = api.get("w1").await.unwrap();
@@ -76,7 +83,15 @@ async fn the_status_bookkeeping_goes_after_the_body_and_the_results_before_it() 
     );
     patch.annotation("kopf.zalando.org/create_fn", Some(r#"{"success":true}"#));
     patch.label("not a valid label key!", Some("x"));
-    let refused = patches::apply(&cluster.client(), &widgets(), &body, patch.take(), &[]).await;
+    let refused = patches::apply(
+        &cluster.client(),
+        &widgets(),
+        &body,
+        patch.take(),
+        &[],
+        None,
+    )
+    .await;
     assert!(refused.is_err(), "the body's patch is refused");
     let stored = api.get("w1").await.unwrap();
     assert_eq!(stored.data["status"]["create_fn"], json!("done"));
@@ -90,9 +105,16 @@ async fn the_status_bookkeeping_goes_after_the_body_and_the_results_before_it() 
         json!("{}"),
     );
     patch.annotation("kopf.zalando.org/create_fn", Some(r#"{"success":true}"#));
-    let applied = patches::apply(&cluster.client(), &widgets(), &stored, patch.take(), &[])
-        .await
-        .unwrap();
+    let applied = patches::apply(
+        &cluster.client(),
+        &widgets(),
+        &stored,
+        patch.take(),
+        &[],
+        None,
+    )
+    .await
+    .unwrap();
     let stored = api.get("w1").await.unwrap();
     assert_eq!(stored.data["status"]["create_fn"], json!("again"));
     assert_eq!(

@@ -67,7 +67,7 @@ use tokio::time::Instant;
 use crate::actions::execution::{execute_once, Invocation};
 use crate::clients::cache::Caches;
 use crate::clients::observe::{NoObserver, Observer};
-use crate::clients::patches::{self, ApplyError, Patch, PatchFn};
+use crate::clients::patches::{self, ApplyError, Fence, Fenced, Patch, PatchFn};
 use crate::clients::posting::EventPoster;
 use crate::intents::handlers::{
     Attempt, ChangingHandler, Ctx, ErrorsMode, HandlerError, HandlerFn, IndexHandler, Memo,
@@ -87,6 +87,7 @@ use crate::structs::names::EventType;
 use crate::structs::names::Verdict;
 use crate::structs::resources::{object_key, Resource};
 use crate::structs::settings::Settings;
+use crate::structs::sharding::{Shard, Standing};
 use crate::structs::triggers::{Related, Triggers};
 
 /// The longest a cycle sleeps for a delayed handler before touching the object anyway (Kopf's
@@ -202,6 +203,10 @@ pub struct ObjectMemory {
     /// Index handlers (by id) that failed for this object: left out for good (None) or until then.
     /// Boxed: most objects never have one, and every object has a memory.
     pub index_excluded: Option<Box<std::collections::HashMap<String, Option<Instant>>>>,
+    /// What a cycle could not write because the assigner asked for the object back meanwhile (the
+    /// write fence rejected it; sharding): it goes with the handover, or with the next cycle if the
+    /// object stays. Boxed: almost always None.
+    pub unsent: Option<Box<serde_json::Map<String, Value>>>,
 }
 
 /// The set of no stopped daemons, shared by every memory that has none (copied on write).
@@ -223,6 +228,7 @@ impl Default for ObjectMemory {
             superseded: Vec::new(),
             reconcile: Vec::new(),
             index_excluded: None,
+            unsent: None,
         }
     }
 }
@@ -303,6 +309,9 @@ pub struct SpawnDecision {
     pub wanted: Vec<usize>,
     /// The object is being deleted, or is gone: they all stop.
     pub deletion: bool,
+    /// The object is handed over to another replica (sharding): they all stop
+    /// (`OPERATOR_DRAINING`), and none starts.
+    pub draining: bool,
     /// The object changed essentially (a non-empty diff against the last handled essence or, when
     /// none is kept, against the essence of the previous event): the idle period of timers starts
     /// again.
@@ -544,7 +553,25 @@ impl Processor {
         if event.event_type == EventType::Listed {
             memory.noticed_by_listing = true;
         }
+        if let Some(shard) = &self.settings.shard {
+            if event.event_type != EventType::Deleted {
+                match shard.standing(&event.body) {
+                    Standing::Mine => {}
+                    Standing::NotMine => {
+                        // A late event, or a trigger on a body that has moved on: its departure
+                        // follows in the stream.
+                        tracing::debug!("The object is not this replica's (its shard label names another): nothing is done.");
+                        return Ok(Cycle::default());
+                    }
+                    Standing::Draining => return self.drain(shard, &mut event, memory).await,
+                }
+            }
+        }
         let patch = Patch::new();
+        if let Some(unsent) = memory.unsent.take() {
+            // The fence stopped it for a handover that did not happen: it goes now.
+            patch.merge(Value::Object(*unsent));
+        }
         // Transformations that met a conflict go first; changing handlers wait until they are out.
         patch.extend_fns(std::mem::take(&mut memory.remaining));
         let leftovers = !patch.is_empty();
@@ -619,6 +646,79 @@ impl Processor {
         })
     }
 
+    /// The handover of an object the assigner asks back (sharding): no handler runs. Its daemons
+    /// and timers stop first (`OPERATOR_DRAINING`) and the cycle runs again when the last has
+    /// stopped; then what the fence kept from the last cycle is written, and both labels are
+    /// removed ([`patches::release`]), each behind the handover's fence. The progress and the
+    /// diff-base are on the object already (every cycle writes them), so the next owner resumes it
+    /// as after a restart. A rejected request ends the cycle: the next event says what now.
+    async fn drain(
+        &self,
+        shard: &Shard,
+        event: &mut Event,
+        memory: &mut ObjectMemory,
+    ) -> Result<Cycle, ProcessingError> {
+        if let Some(view) = event.daemons.take() {
+            let blocking = view.blocking;
+            (view.decide)(SpawnDecision {
+                draining: true,
+                ..SpawnDecision::default()
+            });
+            if blocking {
+                tracing::info!(
+                    "Handing the object over: its daemons and timers are stopping first."
+                );
+                return Ok(Cycle {
+                    next: Next::AwaitDaemons,
+                    ..Cycle::default()
+                });
+            }
+        }
+        let backoffs = &self.settings.networking.error_backoffs;
+        let _permit = self.limiter.acquire().await;
+        if let Some(unsent) = memory.unsent.take() {
+            let changes = patches::Changes {
+                merge: *unsent,
+                fns: Vec::new(),
+            };
+            let fence = Fence {
+                shard,
+                draining: true,
+            };
+            let applied = patches::apply(
+                &self.client,
+                &self.resource,
+                &event.body,
+                changes,
+                backoffs,
+                Some(fence),
+            )
+            .await?;
+            if applied.gone {
+                return Ok(Cycle {
+                    written: Written::Gone,
+                    ..Cycle::default()
+                });
+            }
+            if applied.fenced.is_some() {
+                tracing::info!(
+                    "The handover was called off, or the object moved on: nothing is handed over."
+                );
+                return Ok(Cycle::default());
+            }
+        }
+        match patches::release(&self.client, &self.resource, &event.body, shard, backoffs).await? {
+            Some(_) => tracing::info!(
+                "Handed over: the object's shard labels are removed; the assigner gives it to its next owner."
+            ),
+            None => tracing::info!(
+                "The handover was called off, or the object moved on: nothing is handed over."
+            ),
+        }
+        // Its next event is its departure from this replica's watch (or, called off, a change).
+        Ok(Cycle::default())
+    }
+
     /// Whether the cycle needs the object's essence: for changing handlers (their causes) and for
     /// daemons and timers (an essential change restarts the idle clock of timers).
     fn needs_essence(&self, event: &Event) -> bool {
@@ -666,6 +766,7 @@ impl Processor {
         (view.decide)(SpawnDecision {
             wanted,
             deletion,
+            draining: false,
             essential_change,
         });
         spawning
@@ -923,6 +1024,10 @@ impl Processor {
         }
         let applied = self.send(body, changes).await?;
         memory.remaining = applied.remaining;
+        match applied.fenced {
+            Some(Fenced::Draining(unsent)) => memory.unsent = Some(Box::new(unsent)),
+            Some(Fenced::Moved) | None => {}
+        }
         let written = match (applied.gone, applied.released, applied.resource_version) {
             (true, _, _) => Written::Gone,
             // Every request met a conflict (the body was older than the object): nothing was
@@ -962,12 +1067,17 @@ impl Processor {
         changes: patches::Changes,
     ) -> Result<patches::Applied, ProcessingError> {
         let _permit = self.limiter.acquire().await;
+        let fence = self.settings.shard.as_ref().map(|shard| Fence {
+            shard,
+            draining: false,
+        });
         let applied = patches::apply(
             &self.client,
             &self.resource,
             body,
             changes,
             &self.settings.networking.error_backoffs,
+            fence,
         )
         .await?;
         Ok(applied)

@@ -31,6 +31,7 @@ use serde_json::{json, Map, Value};
 
 use crate::clients::slim::{self, Slim};
 use crate::structs::resources::Resource;
+use crate::structs::sharding::{self, Shard, Standing};
 
 /// The status field that holds the framework's own state (Kopf's status storage), sent last.
 pub(crate) const KOPF_STATUS: &str = "kopf";
@@ -235,7 +236,53 @@ pub struct Applied {
     /// Deletion is requested and no finalizer is left: the object is about to vanish, so its next
     /// version will never arrive.
     pub released: bool,
+    /// The write fence rejected a request (sharded operators only): the object moved, or is being
+    /// handed over. Nothing after the rejected request was sent.
+    pub fenced: Option<Fenced>,
 }
+
+/// Why the write fence stopped a cycle's requests ([`Fence`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fenced {
+    /// The assigner asks for the object back: the merge patch that was not written (all of it:
+    /// what went before is sent again, which changes nothing) goes with the handover.
+    Draining(Map<String, Value>),
+    /// The object belongs to another replica now (or to none): its changes are not ours to write.
+    Moved,
+}
+
+/// The write fence of a sharded operator's requests to its object ([`sharding`]): every request
+/// carries JSON-patch tests that the object is still this replica's.
+#[derive(Debug, Clone, Copy)]
+pub struct Fence<'a> {
+    /// This replica's place in the ring.
+    pub shard: &'a Shard,
+    /// The handover's own writes: they test that the drain label is there, not that it is absent.
+    pub draining: bool,
+}
+
+impl Fence<'_> {
+    fn tests(&self) -> Vec<json_patch::PatchOperation> {
+        if self.draining {
+            self.shard.drain_fence()
+        } else {
+            self.shard.fence()
+        }
+    }
+
+    /// The standing the writes need.
+    fn expected(&self) -> Standing {
+        if self.draining {
+            Standing::Draining
+        } else {
+            Standing::Mine
+        }
+    }
+}
+
+/// How many times a fenced write is made again from a freshly read object when it met a
+/// concurrent change (not the fence) before the cycle gives up as on any API failure.
+const FENCED_ATTEMPTS: usize = 4;
 
 impl Applied {
     /// Our request's answer is the object's newest state; the version before it is superseded.
@@ -263,12 +310,19 @@ pub enum ApplyError {
 }
 
 /// Sends a cycle's changes to the object `body` (see the module's documentation).
+///
+/// With a `fence` (a sharded operator), every request is a JSON patch that starts with the fence's
+/// tests; the merge patches are turned into JSON patches against the object as last seen
+/// ([`sharding::merge_to_ops`]). A rejected request (422, 409) makes it read the object: if it is
+/// still ours, the request is made again from what was read; if not, it stops there and says why
+/// ([`Applied::fenced`]).
 pub async fn apply(
     client: &kube::Client,
     resource: &Resource,
     body: &DynamicObject,
     changes: Changes,
     backoffs: &[Duration],
+    fence: Option<Fence<'_>>,
 ) -> Result<Applied, ApplyError> {
     let mut applied = Applied::default();
     if changes.is_empty() {
@@ -286,6 +340,9 @@ pub async fn apply(
     let name = body.metadata.name.clone().unwrap_or_default();
     let has_status = resource.subresources.iter().any(|s| s == "status");
 
+    if let Some(fence) = fence {
+        return apply_fenced(&api, &name, body, changes, has_status, backoffs, fence).await;
+    }
     for (what, to_status, patch) in merge_requests(changes.merge, has_status) {
         let response = crate::clients::api::retrying(backoffs, what, || {
             let (api, name, patch) = (&api, &name, &patch);
@@ -316,7 +373,7 @@ pub async fn apply(
 
     if !changes.fns.is_empty() {
         let fresh = applied.body.as_ref().unwrap_or(body);
-        match transform(&api, &name, fresh, &changes.fns, has_status, backoffs).await {
+        match transform(&api, &name, fresh, &changes.fns, has_status, backoffs, &[]).await {
             Ok(Some(object)) => applied.advance(object),
             Ok(None) => {}
             Err(error) if is_not_found(&error) => {
@@ -336,15 +393,199 @@ pub async fn apply(
         }
     }
 
-    if let Some(object) = &applied.body {
+    applied.released = is_released(applied.body.as_ref());
+    Ok(applied)
+}
+
+/// [`apply`] behind the write fence: each merge request as a JSON patch starting with the fence's
+/// tests, then the transformations with them too. See [`apply`].
+async fn apply_fenced(
+    api: &Api<Slim>,
+    name: &str,
+    body: &DynamicObject,
+    changes: Changes,
+    has_status: bool,
+    backoffs: &[Duration],
+    fence: Fence<'_>,
+) -> Result<Applied, ApplyError> {
+    let mut applied = Applied::default();
+    let tests = fence.tests();
+    let everything = changes.merge.clone();
+    let mut current = to_json(body, "the object")?;
+    for (what, to_status, patch) in merge_requests(changes.merge, has_status) {
+        let Value::Object(merge) = &patch else {
+            continue;
+        };
+        let request = FencedRequest {
+            api,
+            name,
+            what,
+            to_status,
+            tests: &tests,
+            backoffs,
+        };
+        match request.send(merge, current, fence).await? {
+            FencedAnswer::Written(object) => {
+                warn_inconsistencies(&patch, &object);
+                current = to_json(&object, what)?;
+                applied.advance(*object);
+            }
+            FencedAnswer::Gone => {
+                applied.gone = true;
+                return Ok(applied);
+            }
+            FencedAnswer::Rejected(standing) => {
+                tracing::info!(
+                    ?standing,
+                    "The write fence kept our changes from the object: it is no longer ours to write ({what})."
+                );
+                applied.fenced = Some(if standing == Standing::Draining {
+                    Fenced::Draining(everything)
+                } else {
+                    Fenced::Moved
+                });
+                return Ok(applied);
+            }
+        }
+    }
+    if !changes.fns.is_empty() {
+        let fresh = applied.body.as_ref().unwrap_or(body);
+        match transform(api, name, fresh, &changes.fns, has_status, backoffs, &tests).await {
+            Ok(Some(object)) => applied.advance(object),
+            Ok(None) => {}
+            Err(error) if is_not_found(&error) => applied.gone = true,
+            Err(error) if is_conflict(&error) => {
+                // A conflict or the fence: the next cycle sees which, and tries again if ours.
+                tracing::debug!(%error, "the object changed meanwhile, or is no longer ours; the transformations are retried on the next body");
+                applied.remaining = changes.fns;
+            }
+            Err(source) => {
+                return Err(ApplyError::Api {
+                    what: "the object (JSON patch)",
+                    source,
+                })
+            }
+        }
+    }
+    applied.released = is_released(applied.body.as_ref());
+    Ok(applied)
+}
+
+/// Whether the object, as our last request left it, is about to vanish: its deletion is requested
+/// and no finalizer is left.
+fn is_released(object: Option<&DynamicObject>) -> bool {
+    object.is_some_and(|object| {
         let finalizers = object
             .metadata
             .finalizers
             .as_ref()
             .is_some_and(|f| !f.is_empty());
-        applied.released = object.metadata.deletion_timestamp.is_some() && !finalizers;
+        object.metadata.deletion_timestamp.is_some() && !finalizers
+    })
+}
+
+fn to_json(object: &DynamicObject, what: &'static str) -> Result<Value, ApplyError> {
+    serde_json::to_value(object).map_err(|e| ApplyError::Api {
+        what,
+        source: kube::Error::SerdeError(e),
+    })
+}
+
+/// One merge request of a cycle, to be sent behind the fence.
+struct FencedRequest<'a> {
+    api: &'a Api<Slim>,
+    name: &'a str,
+    what: &'static str,
+    to_status: bool,
+    tests: &'a [json_patch::PatchOperation],
+    backoffs: &'a [Duration],
+}
+
+/// What became of a [`FencedRequest`].
+enum FencedAnswer {
+    Written(Box<DynamicObject>),
+    Gone,
+    /// The fence: the object stands so for us now.
+    Rejected(Standing),
+}
+
+impl FencedRequest<'_> {
+    /// Sends the merge as JSON-patch operations on `current`, after the fence's tests. A rejection
+    /// reads the object: the fence's, if it is no longer ours as the fence needs; otherwise a
+    /// concurrent change, and the request is made again from what was read.
+    async fn send(
+        &self,
+        merge: &Map<String, Value>,
+        mut current: Value,
+        fence: Fence<'_>,
+    ) -> Result<FencedAnswer, ApplyError> {
+        let (api, name, what) = (self.api, self.name, self.what);
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let mut ops = self.tests.to_vec();
+            ops.extend(sharding::merge_to_ops(&current, merge));
+            let request = KubePatch::Json::<()>(json_patch::Patch(ops));
+            let response = crate::clients::api::retrying(self.backoffs, what, || async {
+                let params = PatchParams::default();
+                if self.to_status {
+                    api.patch_status(name, &params, &request).await
+                } else {
+                    api.patch(name, &params, &request).await
+                }
+            })
+            .await;
+            let error = match response {
+                Ok(object) => return Ok(FencedAnswer::Written(Box::new(object.into_inner()))),
+                Err(error) if is_not_found(&error) => return Ok(FencedAnswer::Gone),
+                Err(error) if is_conflict(&error) && attempts < FENCED_ATTEMPTS => error,
+                Err(source) => return Err(ApplyError::Api { what, source }),
+            };
+            let fresh =
+                match crate::clients::api::retrying(self.backoffs, what, || api.get(name)).await {
+                    Ok(fresh) => fresh.into_inner(),
+                    Err(error) if is_not_found(&error) => return Ok(FencedAnswer::Gone),
+                    Err(source) => return Err(ApplyError::Api { what, source }),
+                };
+            let standing = fence.shard.standing(&fresh);
+            if standing != fence.expected() {
+                return Ok(FencedAnswer::Rejected(standing));
+            }
+            tracing::debug!(%error, "the object changed meanwhile; the fenced patch is made again from it");
+            current = to_json(&fresh, what)?;
+        }
     }
-    Ok(applied)
+}
+
+/// Hands the object over (sharded operators): the handover fence, then both labels removed, in one
+/// request ([`Shard::release`]). Ok(None): the object is gone, or no longer ours to hand over (the
+/// assigner changed its mind, or another replica has it).
+pub async fn release(
+    client: &kube::Client,
+    resource: &Resource,
+    body: &DynamicObject,
+    shard: &Shard,
+    backoffs: &[Duration],
+) -> Result<Option<DynamicObject>, ApplyError> {
+    let api = slim::api(
+        client.clone(),
+        body.metadata
+            .namespace
+            .as_deref()
+            .filter(|_| resource.namespaced),
+        &resource.api_resource(),
+    );
+    let name = body.metadata.name.clone().unwrap_or_default();
+    let request = KubePatch::Json::<()>(json_patch::Patch(shard.release()));
+    let what = "the object (handover)";
+    let params = PatchParams::default();
+    let response =
+        crate::clients::api::retrying(backoffs, what, || api.patch(&name, &params, &request)).await;
+    match response {
+        Ok(object) => Ok(Some(object.into_inner())),
+        Err(error) if is_not_found(&error) || is_conflict(&error) => Ok(None),
+        Err(source) => Err(ApplyError::Api { what, source }),
+    }
 }
 
 /// The merge patches a cycle's merge splits into, in the order they go out, each with what it is
@@ -391,6 +632,7 @@ async fn transform(
     fns: &[PatchFn],
     has_status: bool,
     backoffs: &[Duration],
+    fence: &[json_patch::PatchOperation],
 ) -> Result<Option<DynamicObject>, kube::Error> {
     let before = serde_json::to_value(body).map_err(kube::Error::SerdeError)?;
     let mut after = before.clone();
@@ -414,6 +656,7 @@ async fn transform(
                 value: Value::String(resource_version.clone()),
             },
         )];
+        all.extend(fence.iter().cloned());
         all.extend(ops);
         let patch = KubePatch::Json::<()>(json_patch::Patch(all));
         let object = crate::clients::api::retrying(backoffs, "the object (JSON patch)", || async {

@@ -16,5 +16,6 @@ pub mod namespaces;
 pub mod pausing;
 pub mod resources;
 pub mod settings;
+pub mod sharding;
 pub mod stopping;
 pub mod triggers;

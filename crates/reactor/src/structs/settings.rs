@@ -25,6 +25,10 @@ pub struct Settings {
     pub health: Health,
     /// The admission webhooks' server and their configurations.
     pub admission: AdmissionSettings,
+    /// This replica's place in a ring of replicas that share the objects (kactor's addition; see
+    /// [`crate::sharding`]): its watches select only its objects, and every write to an object is
+    /// fenced. Set by the operator when it runs sharded; None: one replica has every object.
+    pub shard: Option<crate::structs::sharding::Shard>,
 }
 
 /// `settings.admission`: where admission handlers are served, and whether the operator keeps the

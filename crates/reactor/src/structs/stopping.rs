@@ -32,10 +32,13 @@ pub enum StopReason {
     /// It did not end within `cancellation_timeout` after the cancellation: it is left running, and
     /// no longer holds the object's finalizer.
     DaemonAbandoned,
+    /// The object is handed over to another replica of a sharded operator (kactor's addition),
+    /// where its daemons and timers start again.
+    OperatorDraining,
 }
 
 impl StopReason {
-    const ALL: [StopReason; 8] = [
+    const ALL: [StopReason; 9] = [
         StopReason::Done,
         StopReason::FiltersMismatch,
         StopReason::ResourceDeleted,
@@ -44,6 +47,7 @@ impl StopReason {
         StopReason::DaemonSignalled,
         StopReason::DaemonCancelled,
         StopReason::DaemonAbandoned,
+        StopReason::OperatorDraining,
     ];
 
     fn bit(self) -> u16 {
@@ -61,6 +65,7 @@ impl StopReason {
             StopReason::DaemonSignalled => "DAEMON_SIGNALLED",
             StopReason::DaemonCancelled => "DAEMON_CANCELLED",
             StopReason::DaemonAbandoned => "DAEMON_ABANDONED",
+            StopReason::OperatorDraining => "OPERATOR_DRAINING",
         }
     }
 }

@@ -1,0 +1,389 @@
+//! Sharding (kactor's addition): where this replica stands in a ring of replicas that share one
+//! operator's objects, and the write fence that keeps a replica whose objects moved from writing them.
+//!
+//! An object belongs to the replica its label `shard.kactor.dev/<ring>` names; the ring's assigner
+//! writes it, and asks the owner to hand the object over by adding `drain.kactor.dev/<ring>: "true"`.
+//! [`Shard`] is one replica's view: which objects are its own ([`Shard::standing`]), the label
+//! selector its watches use ([`Shard::selector`]), the JSON-Patch `test` operations every write to an
+//! object carries ([`Shard::fence`]), and the handover patch ([`Shard::release`]).
+//!
+//! **The fence**: the API server applies a JSON patch only if all its `test`s pass, atomically with the
+//! write. A replica that was paused, partitioned or simply late, and whose object moved meanwhile,
+//! gets 422 instead of a write: the label no longer names it, or the drain label is there. A `test`
+//! with the value `null` passes where the key is absent (as the API server's JSON-patch library
+//! reads it; the emulator does the same). Only writes to the object itself are fenced: side effects
+//! elsewhere (other objects, external systems) are not, so handlers stay idempotent.
+//!
+//! Merge patches cannot carry tests, so a fenced write goes as a JSON patch made from the merge
+//! patch and the object as last seen ([`merge_to_ops`]): a key added where its parent is missing is
+//! guarded by a `test` of that parent's absence, so a concurrent writer's map is never replaced.
+
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, PatchOperation, RemoveOperation, ReplaceOperation, TestOperation};
+use kube::api::DynamicObject;
+use serde_json::{Map, Value};
+
+/// The label that names an object's owner in the ring `<ring>`: `shard.kactor.dev/<ring>`.
+pub const SHARD_LABEL_PREFIX: &str = "shard.kactor.dev/";
+/// The label with which the assigner asks the owner to hand the object over: `drain.kactor.dev/<ring>`.
+pub const DRAIN_LABEL_PREFIX: &str = "drain.kactor.dev/";
+/// The drain label's value.
+pub const DRAINING: &str = "true";
+/// The label that marks the ring's member Leases: `kactor.dev/ring=<ring>`.
+pub const RING_LABEL: &str = "kactor.dev/ring";
+
+/// Why a ring or a member name cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ShardError {
+    /// The ring's name cannot be the name part of a label key.
+    #[error("sharding: the ring name {0:?} must be a label name (at most 63 characters: letters, digits, '-', '_', '.', starting and ending with a letter or digit); it is the name part of the labels shard.kactor.dev/<ring> and drain.kactor.dev/<ring>")]
+    Ring(String),
+    /// The member's identity cannot be a label value.
+    #[error("sharding: the replica identity {0:?} must be a label value (at most 63 characters: letters, digits, '-', '_', '.', starting and ending with a letter or digit), as it is written to shard.kactor.dev/<ring>; the pod name will do")]
+    Member(String),
+}
+
+/// Whether `text` is a label name (and value): 1-63 characters of `[A-Za-z0-9._-]`, alphanumeric at
+/// both ends.
+pub fn is_label_name(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+}
+
+/// Where an object stands for this replica, by its labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// The shard label names this replica and there is no drain label: handle it.
+    Mine,
+    /// The shard label names this replica and the assigner asks for it back: hand it over.
+    Draining,
+    /// The shard label names another replica, or none: do nothing with it.
+    NotMine,
+}
+
+/// This replica's place in a ring.
+///
+/// ```
+/// use kactor_reactor::sharding::{Shard, Standing};
+/// let shard = Shard::new("my-operator", "pod-a")?;
+/// assert_eq!(shard.selector(), "shard.kactor.dev/my-operator=pod-a");
+/// let object: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+///     "metadata": {"name": "x", "labels": {"shard.kactor.dev/my-operator": "pod-a"}}
+/// }))?;
+/// assert_eq!(shard.standing(&object), Standing::Mine);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shard {
+    ring: String,
+    member: String,
+    shard_label: String,
+    drain_label: String,
+}
+
+impl Shard {
+    /// The member `member` of the ring `ring`; both must be label names.
+    pub fn new(ring: impl Into<String>, member: impl Into<String>) -> Result<Self, ShardError> {
+        let (ring, member) = (ring.into(), member.into());
+        if !is_label_name(&ring) {
+            return Err(ShardError::Ring(ring));
+        }
+        if !is_label_name(&member) {
+            return Err(ShardError::Member(member));
+        }
+        Ok(Shard {
+            shard_label: shard_label(&ring),
+            drain_label: drain_label(&ring),
+            ring,
+            member,
+        })
+    }
+
+    /// The ring's name.
+    pub fn ring(&self) -> &str {
+        &self.ring
+    }
+
+    /// This replica's name in the ring (the shard label's value on its objects).
+    pub fn member(&self) -> &str {
+        &self.member
+    }
+
+    /// `shard.kactor.dev/<ring>`.
+    pub fn shard_label(&self) -> &str {
+        &self.shard_label
+    }
+
+    /// `drain.kactor.dev/<ring>`.
+    pub fn drain_label(&self) -> &str {
+        &self.drain_label
+    }
+
+    /// The label selector of this replica's objects: `shard.kactor.dev/<ring>=<member>`.
+    pub fn selector(&self) -> String {
+        format!("{}={}", self.shard_label, self.member)
+    }
+
+    /// Where `object` stands for this replica.
+    pub fn standing(&self, object: &DynamicObject) -> Standing {
+        let labels = object.metadata.labels.as_ref();
+        let owner = labels.and_then(|l| l.get(&self.shard_label));
+        if owner.map(String::as_str) != Some(self.member.as_str()) {
+            Standing::NotMine
+        } else if labels.is_some_and(|l| l.contains_key(&self.drain_label)) {
+            Standing::Draining
+        } else {
+            Standing::Mine
+        }
+    }
+
+    /// The tests every write to an object of this replica starts with: the shard label names this
+    /// replica, and there is no drain label.
+    pub fn fence(&self) -> Vec<PatchOperation> {
+        vec![
+            test(
+                &self.label_path(&self.shard_label),
+                self.member.clone().into(),
+            ),
+            test(&self.label_path(&self.drain_label), Value::Null),
+        ]
+    }
+
+    /// The tests of the handover's writes: the shard label names this replica, and the drain label
+    /// asks for the object back.
+    pub fn drain_fence(&self) -> Vec<PatchOperation> {
+        vec![
+            test(
+                &self.label_path(&self.shard_label),
+                self.member.clone().into(),
+            ),
+            test(&self.label_path(&self.drain_label), DRAINING.into()),
+        ]
+    }
+
+    /// The handover: [`Shard::drain_fence`], then both labels removed. The assigner labels the
+    /// object for its next owner once it sees it without them.
+    pub fn release(&self) -> Vec<PatchOperation> {
+        let mut ops = self.drain_fence();
+        for label in [&self.shard_label, &self.drain_label] {
+            ops.push(PatchOperation::Remove(RemoveOperation {
+                path: self.label_path(label),
+            }));
+        }
+        ops
+    }
+
+    fn label_path(&self, label: &str) -> PointerBuf {
+        PointerBuf::from_tokens(["metadata", "labels", label])
+    }
+}
+
+/// `shard.kactor.dev/<ring>`.
+pub fn shard_label(ring: &str) -> String {
+    format!("{SHARD_LABEL_PREFIX}{ring}")
+}
+
+/// `drain.kactor.dev/<ring>`.
+pub fn drain_label(ring: &str) -> String {
+    format!("{DRAIN_LABEL_PREFIX}{ring}")
+}
+
+fn test(path: &PointerBuf, value: Value) -> PatchOperation {
+    PatchOperation::Test(TestOperation {
+        path: path.clone(),
+        value,
+    })
+}
+
+/// The JSON-patch operations that do to `current` what the merge patch `merge` (RFC 7386) does:
+/// a `null` removes a key that is there (and is nothing where it is not), an object merges into an
+/// object, anything else is set. A map the merge creates (its parent has no such key) is added
+/// whole, after a `test` that it is still absent: if another writer made it meanwhile, the patch
+/// fails instead of replacing theirs (the caller reads the object again and retries).
+pub fn merge_to_ops(current: &Value, merge: &Map<String, Value>) -> Vec<PatchOperation> {
+    let mut ops = Vec::new();
+    let mut path = PointerBuf::root();
+    merge_ops(current, merge, &mut path, &mut ops);
+    ops
+}
+
+fn merge_ops(
+    current: &Value,
+    merge: &Map<String, Value>,
+    path: &mut PointerBuf,
+    ops: &mut Vec<PatchOperation>,
+) {
+    for (key, value) in merge {
+        path.push_back(key.as_str());
+        let existing = current.get(key);
+        match (existing, value) {
+            (None, Value::Null) => {}
+            (Some(_), Value::Null) => ops.push(PatchOperation::Remove(RemoveOperation {
+                path: path.clone(),
+            })),
+            (Some(existing @ Value::Object(_)), Value::Object(inner)) => {
+                merge_ops(existing, inner, path, ops)
+            }
+            (None, value) => {
+                if value.is_object() {
+                    ops.push(test(path, Value::Null));
+                }
+                ops.push(PatchOperation::Add(AddOperation {
+                    path: path.clone(),
+                    value: without_nulls(value),
+                }));
+            }
+            (Some(_), value) => ops.push(PatchOperation::Replace(ReplaceOperation {
+                path: path.clone(),
+                value: without_nulls(value),
+            })),
+        }
+        path.pop_back();
+    }
+}
+
+/// A merge patch's value as it lands where nothing was: its `null`s remove nothing, so they go.
+fn without_nulls(value: &Value) -> Value {
+    match value {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), without_nulls(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn object(labels: Value) -> DynamicObject {
+        serde_json::from_value(json!({"metadata": {"name": "x", "labels": labels}})).unwrap()
+    }
+
+    /// What `ops` do to `current`, by the json-patch crate's reading (which, unlike the API server,
+    /// fails a null test of an absent key; such tests are dropped here and checked by the tests
+    /// against both servers).
+    fn applied(current: &Value, ops: &[PatchOperation]) -> Value {
+        let mut result = current.clone();
+        let ops: Vec<PatchOperation> = ops
+            .iter()
+            .filter(|op| !matches!(op, PatchOperation::Test(t) if t.value.is_null()))
+            .cloned()
+            .collect();
+        json_patch::patch(&mut result, &ops).unwrap();
+        result
+    }
+
+    #[test]
+    fn names_must_be_label_names() {
+        assert!(Shard::new("my-operator", "pod-1.a_b").is_ok());
+        assert!(matches!(Shard::new("", "a"), Err(ShardError::Ring(_))));
+        assert!(matches!(Shard::new("a/b", "a"), Err(ShardError::Ring(_))));
+        assert!(matches!(Shard::new("a", "-a"), Err(ShardError::Member(_))));
+        assert!(matches!(
+            Shard::new("a", "x".repeat(64)),
+            Err(ShardError::Member(_))
+        ));
+        let error = Shard::new("op", "my pod").unwrap_err().to_string();
+        assert!(
+            error.contains("\"my pod\"") && error.contains("label value"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn standing_follows_the_labels() {
+        let shard = Shard::new("op", "a").unwrap();
+        assert_eq!(
+            shard.standing(&object(json!({"shard.kactor.dev/op": "a"}))),
+            Standing::Mine
+        );
+        assert_eq!(
+            shard.standing(&object(
+                json!({"shard.kactor.dev/op": "a", "drain.kactor.dev/op": "true"})
+            )),
+            Standing::Draining
+        );
+        assert_eq!(
+            shard.standing(&object(json!({"shard.kactor.dev/op": "b"}))),
+            Standing::NotMine
+        );
+        assert_eq!(
+            shard.standing(&object(json!({"shard.kactor.dev/other": "a"}))),
+            Standing::NotMine
+        );
+        assert_eq!(shard.standing(&object(Value::Null)), Standing::NotMine);
+        // A drain label without ours: not ours (the assigner is moving it from someone else).
+        assert_eq!(
+            shard.standing(&object(json!({"drain.kactor.dev/op": "true"}))),
+            Standing::NotMine
+        );
+    }
+
+    #[test]
+    fn the_fence_tests_the_owner_and_the_drain_label_with_escaped_paths() {
+        let shard = Shard::new("op", "a").unwrap();
+        assert_eq!(
+            serde_json::to_value(shard.fence()).unwrap(),
+            json!([
+                {"op": "test", "path": "/metadata/labels/shard.kactor.dev~1op", "value": "a"},
+                {"op": "test", "path": "/metadata/labels/drain.kactor.dev~1op", "value": null},
+            ])
+        );
+        assert_eq!(
+            serde_json::to_value(shard.release()).unwrap(),
+            json!([
+                {"op": "test", "path": "/metadata/labels/shard.kactor.dev~1op", "value": "a"},
+                {"op": "test", "path": "/metadata/labels/drain.kactor.dev~1op", "value": "true"},
+                {"op": "remove", "path": "/metadata/labels/shard.kactor.dev~1op"},
+                {"op": "remove", "path": "/metadata/labels/drain.kactor.dev~1op"},
+            ])
+        );
+    }
+
+    #[test]
+    fn merge_to_ops_does_what_the_merge_patch_does() {
+        let current = json!({
+            "metadata": {"name": "x", "annotations": {"keep": "1", "drop": "2", "a/b": "3"}},
+            "spec": {"size": 1},
+            "status": {"old": {"x": 1}, "scalar": 5},
+        });
+        let merges = [
+            json!({"metadata": {"annotations": {"drop": null, "a/b": "4", "new": "5", "gone": null}}}),
+            json!({"status": {"fresh": {"deep": {"k": 1, "n": null}}, "old": {"x": null, "y": 2}}}),
+            json!({"status": {"scalar": {"now": "a map"}}, "metadata": {"labels": {"l": "v"}}}),
+            json!({"spec": null, "kind": "Thing"}),
+            json!({}),
+        ];
+        for merge in merges {
+            let mut expected = current.clone();
+            json_patch::merge(&mut expected, &merge);
+            let ops = merge_to_ops(&current, merge.as_object().unwrap());
+            assert_eq!(applied(&current, &ops), expected, "merge {merge}");
+        }
+    }
+
+    #[test]
+    fn a_map_made_by_the_merge_is_guarded_by_a_test_of_its_absence() {
+        let current = json!({"metadata": {"name": "x"}});
+        let merge = json!({"metadata": {"annotations": {"a": "1", "b": null}}});
+        let ops = merge_to_ops(&current, merge.as_object().unwrap());
+        assert_eq!(
+            serde_json::to_value(ops).unwrap(),
+            json!([
+                {"op": "test", "path": "/metadata/annotations", "value": null},
+                {"op": "add", "path": "/metadata/annotations", "value": {"a": "1"}},
+            ])
+        );
+    }
+}
