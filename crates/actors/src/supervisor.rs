@@ -289,6 +289,8 @@ struct Record {
     /// The object left this replica's shard while its worker still had its memory: the record
     /// goes when the memory is back, unless the object came back meanwhile (sharding).
     departed: bool,
+    /// Its last event asked for it back (sharding): its DELETED is the end of the handover.
+    draining: bool,
 }
 
 impl Record {
@@ -319,6 +321,30 @@ pub struct ResourceSupervisor {
     workers_started: u64,
     /// The resource's shared cache, for resources with reconcile handlers.
     store: Option<Store>,
+    /// Its own address, once started (for the answers of its own tasks); weak, so that it keeps
+    /// nothing alive.
+    me: Option<actix::WeakAddr<ResourceSupervisor>>,
+}
+
+/// Whether a DELETED event of a sharded operator is the object's departure from its shard.
+enum Departure {
+    Departed,
+    Deleted,
+    /// The event cannot tell: the API server sends an object that leaves a selector as it was
+    /// before (still labelled for us), as it sends a deletion. The object is read to tell.
+    Unsure,
+}
+
+/// What reading the object of an unsure DELETED told: alive (it left the shard) or not.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Confirmed {
+    key: Arc<str>,
+    body: Arc<DynamicObject>,
+    /// The record's event count when it was asked: a newer event makes the answer moot.
+    sent: u64,
+    alive: bool,
+    received: Instant,
 }
 
 impl ResourceSupervisor {
@@ -352,6 +378,7 @@ impl ResourceSupervisor {
             entry,
             workers_started: 0,
             store,
+            me: None,
         }
     }
 
@@ -374,10 +401,25 @@ impl ResourceSupervisor {
                 host.seen(&body);
             }
         }
-        if event_type == EventType::Deleted && self.departs(&body) {
-            self.depart(&key);
-            return;
+        if event_type == EventType::Deleted {
+            match self.departure(&key, &body) {
+                Departure::Departed => return self.depart(&key),
+                Departure::Unsure => return self.confirm_departure(key, body, received),
+                Departure::Deleted => {}
+            }
         }
+        self.route_body(event_type, key, body, received, admission);
+    }
+
+    /// [`ResourceSupervisor::route`], once the cache has the event and a deletion is known to be one.
+    fn route_body(
+        &mut self,
+        event_type: EventType,
+        key: Arc<str>,
+        body: Arc<DynamicObject>,
+        received: Instant,
+        admission: Option<Admission>,
+    ) {
         let object = &*body;
         let rv = object
             .metadata
@@ -420,6 +462,7 @@ impl ResourceSupervisor {
             body: None,
             paused_triggers: None,
             departed: false,
+            draining: false,
         });
         record.departed = false;
         if record.rv != rv {
@@ -427,6 +470,10 @@ impl ResourceSupervisor {
         }
         record.sent += 1;
         record.interrupted = false;
+        if let Some(shard) = &self.config.settings.shard {
+            // What a DELETED of it will mean: the end of our handover, or a deletion.
+            record.draining = shard.standing(object) == Standing::Draining;
+        }
         if self.store.is_some() {
             record.body = Some(body.clone());
         }
@@ -482,17 +529,69 @@ impl ResourceSupervisor {
         }
     }
 
-    /// Whether a DELETED event means the object left this replica's shard (its labels name
-    /// another replica, or none: handed over or relabelled) rather than its deletion. A deletion's
-    /// last state still names us. An object that vanished while the stream was down is known
-    /// only by its identity: with sharding, it is taken as departed too (it may live on,
-    /// elsewhere).
-    fn departs(&self, body: &DynamicObject) -> bool {
-        self.config
-            .settings
-            .shard
-            .as_ref()
-            .is_some_and(|shard| shard.standing(body) == Standing::NotMine)
+    /// What a DELETED event means to a sharded operator: the object left this replica's shard
+    /// (handed over, relabelled), or was deleted. Its labels name another replica, or none (an
+    /// object that vanished while the stream was down is known only by its identity: it may live
+    /// on, elsewhere): it left. A deletion timestamp: deleted. Its handover was under way: it left.
+    /// Otherwise the event cannot tell (see [`Departure::Unsure`]). Unsharded: a deletion.
+    fn departure(&self, key: &Arc<str>, body: &DynamicObject) -> Departure {
+        let Some(shard) = &self.config.settings.shard else {
+            return Departure::Deleted;
+        };
+        if shard.standing(body) == Standing::NotMine {
+            return Departure::Departed;
+        }
+        if body.metadata.deletion_timestamp.is_some() {
+            return Departure::Deleted;
+        }
+        match self.records.get(&RecordKey::of(key)) {
+            Some(record) if record.draining => Departure::Departed,
+            Some(_) => Departure::Unsure,
+            // Never seen: nothing here to stop, or to tell of its deletion.
+            None => Departure::Departed,
+        }
+    }
+
+    /// Reads the object of an unsure DELETED: alive with the same uid, it left this shard; gone, it
+    /// was deleted. The answer comes back as [`Confirmed`]; a failed read counts as a departure (no
+    /// deletion is told that may not be one; a listing tells the rest).
+    fn confirm_departure(&mut self, key: Arc<str>, body: Arc<DynamicObject>, received: Instant) {
+        let (Some(me), Some(record)) = (self.me.clone(), self.records.get(&RecordKey::of(&key)))
+        else {
+            return;
+        };
+        let sent = record.sent;
+        let config = &self.config;
+        let api = kactor_reactor::slim::api(
+            config.client.clone(),
+            body.metadata
+                .namespace
+                .as_deref()
+                .filter(|_| config.resource.namespaced),
+            &config.resource.api_resource(),
+        );
+        let backoffs = config.settings.networking.error_backoffs.clone();
+        config.runtime.spawn(async move {
+            let name = body.metadata.name.clone().unwrap_or_default();
+            let read = kactor_reactor::api::retrying(&backoffs, "the object (departed?)", || {
+                api.get_opt(&name)
+            })
+            .await;
+            let alive = match read {
+                Ok(Some(object)) => object.into_inner().metadata.uid == body.metadata.uid,
+                Ok(None) => false,
+                Err(_) => true,
+            };
+            if let Some(me) = me.upgrade() {
+                me.do_send(Confirmed {
+                    key,
+                    body,
+                    sent,
+                    alive,
+                    received,
+                });
+            }
+        });
     }
 
     /// The object is no longer this replica's: its worker stops after its cycle under way (whose
@@ -674,6 +773,7 @@ impl Actor for ResourceSupervisor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
+        self.me = Some(ctx.address().downgrade());
         let config = &self.config;
         let client = Arc::new(config.client.clone());
         let daemons = (!config.handlers.spawning.is_empty()).then(|| {
@@ -806,6 +906,32 @@ impl Handler<WatchEnded> for ResourceSupervisor {
             }
         }
         ctx.stop();
+    }
+}
+
+impl Handler<Confirmed> for ResourceSupervisor {
+    type Result = ();
+
+    fn handle(&mut self, confirmed: Confirmed, _: &mut Context<Self>) {
+        let current = self
+            .records
+            .get(&RecordKey::of(&confirmed.key))
+            .is_some_and(|record| record.sent == confirmed.sent);
+        if !current {
+            // A newer event came meanwhile (it came back), or the record went: moot.
+            return;
+        }
+        if confirmed.alive {
+            self.depart(&confirmed.key);
+        } else {
+            let Confirmed {
+                key,
+                body,
+                received,
+                ..
+            } = confirmed;
+            self.route_body(EventType::Deleted, key, body, received, None);
+        }
     }
 }
 

@@ -1058,7 +1058,8 @@ async fn sleep_until(deadline: Option<Instant>) {
 }
 
 /// The line for an event as this watcher sees it, with selector transitions as the API server makes them:
-/// an object that stops matching is DELETED for this watcher, one that starts matching is ADDED.
+/// an object that stops matching is DELETED for this watcher (in its state before the change, at the
+/// change's version), one that starts matching is ADDED.
 fn deliver(spec: &WatchSpec, event: &store::Event) -> Option<Bytes> {
     let now = spec.options.selects(&event.key, &event.object);
     let before = event
@@ -1073,6 +1074,15 @@ fn deliver(spec: &WatchSpec, event: &store::Event) -> Option<Bytes> {
         (EventType::Deleted, b, n) if b || n => EventType::Deleted,
         _ => return None,
     };
+    if (event.type_, type_) == (EventType::Modified, EventType::Deleted) {
+        // As the API server's watch cache: the object as this watcher last saw it (it no longer
+        // matches as it is now), with the version of the change that made it leave.
+        if let Some(old) = &event.old {
+            let mut left = Value::clone(old);
+            left["metadata"]["resourceVersion"] = Value::from(event.rv.to_string());
+            return Some(encode(spec, type_.as_str(), &Arc::new(left)));
+        }
+    }
     let as_stored =
         spec.view == View::Object && event.object["apiVersion"] == spec.target.api_version.as_str();
     if type_ == event.type_ && as_stored {

@@ -1472,17 +1472,30 @@ async fn selectors_filter_watches_and_objects_leaving_or_entering_are_deleted_or
     api.create(&PostParams::default(), &object(other))
         .await
         .unwrap();
-    api.patch(
-        "a",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"labels": {"app": "gone"}}})),
-    )
-    .await
-    .unwrap();
+    let left = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"app": "gone"}}})),
+        )
+        .await
+        .unwrap();
+    let event = next_event(&mut stream).await;
     assert_eq!(
-        name_of(&next_event(&mut stream).await),
+        name_of(&event),
         ("DELETED", "a".into()),
         "leaving the selector is a deletion"
+    );
+    // As the API server's watch cache sends it: the object as the watcher last saw it, at the
+    // version of the change that made it leave.
+    let WatchEvent::Deleted(gone) = event else {
+        unreachable!()
+    };
+    let labels = gone.metadata.labels.unwrap_or_default();
+    assert_eq!(labels.get("app").map(String::as_str), Some("demo"));
+    assert_eq!(
+        gone.metadata.resource_version,
+        left.metadata.resource_version
     );
     api.patch(
         "ignored",
