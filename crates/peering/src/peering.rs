@@ -33,6 +33,7 @@ use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use tokio::sync::watch;
 
+pub use decision::ring_identity;
 pub use identity::{identity, manual_identity};
 pub use resources::{crds, peering_object};
 

@@ -96,9 +96,12 @@ pub(crate) fn decide(
     let own_record_alive = peers
         .iter()
         .any(|p| p.identity == identity && !p.is_dead(now));
+    let team = ring_of(identity);
     let live: Vec<&Peer> = peers
         .iter()
         .filter(|p| !p.is_dead(now) && p.identity != identity)
+        // The other replicas of a sharded operator share its objects: they are not rivals.
+        .filter(|p| team.is_none_or(|team| ring_of(&p.identity) != Some(team)))
         .collect();
     let higher: Vec<Peer> = live
         .iter()
@@ -124,6 +127,21 @@ pub(crate) fn decide(
         own_record_alive,
         wake_at,
     }
+}
+
+/// The peering identity of a member of a sharded operator's ring: `ring/<ring>/<member>`. Members of
+/// one ring do not pause each other; any other peer with a higher priority (or `kactor freeze`)
+/// pauses the whole ring, and one with the same priority conflicts with all of it.
+pub fn ring_identity(ring: &str, member: &str) -> String {
+    format!("{RING_PREFIX}{ring}/{member}")
+}
+
+const RING_PREFIX: &str = "ring/";
+
+/// The ring of a ring member's identity (see [`ring_identity`]).
+fn ring_of(identity: &str) -> Option<&str> {
+    let rest = identity.strip_prefix(RING_PREFIX)?;
+    rest.split_once('/').map(|(ring, _)| ring)
 }
 
 #[cfg(test)]
@@ -188,6 +206,32 @@ mod tests {
                 .state
                 .pause_reason(PeeringMode::AutoDetect, "default", "cluster-wide"),
             Some("Pausing operations in favour of other (priority 100)".to_string())
+        );
+    }
+
+    #[test]
+    fn members_of_ones_ring_do_not_pause_it_but_others_of_the_same_priority_do() {
+        let me = ring_identity("op", "a");
+        let status = json!({
+            me.clone(): record(0, 1, 60),
+            ring_identity("op", "b"): record(0, 1, 60),
+            ring_identity("op", "c"): record(5, 1, 60),
+        });
+        let decision = decide(status.as_object(), &me, 0, now());
+        assert_eq!(decision.state, State::Free);
+        let mut status = status;
+        status[ring_identity("other", "a")] = record(0, 1, 60);
+        status["kopf@host/20260301/xyz"] = record(0, 1, 60);
+        let decision = decide(status.as_object(), &me, 0, now());
+        let State::Conflicting(peers) = &decision.state else {
+            panic!("{decision:?}")
+        };
+        assert_eq!(ids(peers), ["kopf@host/20260301/xyz", "ring/other/a"]);
+        // A ring member is a plain peer to an operator outside the ring.
+        let decision = decide(status.as_object(), "kopf@host/20260301/xyz", 0, now());
+        assert!(
+            matches!(decision.state, State::Outranked(_)),
+            "{decision:?}"
         );
     }
 
