@@ -213,6 +213,15 @@ pub struct RunArgs {
     #[arg(long, value_name = "NS", env = "KACTOR_LEASE_NAMESPACE")]
     pub lease_namespace: Option<String>,
 
+    /// Share the objects with the other replicas of this operator: `auto` (the ring is the lease's
+    /// name, by default the program's name) or a ring name.
+    ///
+    /// Each replica keeps a Lease of its own (`<ring>-<pod>` in the lease namespace) and handles only
+    /// the objects labelled `shard.kactor.dev/<ring>=<pod>`; the leader Lease's holder assigns them and
+    /// moves them as replicas come and go. Not with --leader-election.
+    #[arg(long, value_name = "RING", env = "KACTOR_SHARDS")]
+    pub shards: Option<String>,
+
     /// Serve health and metrics at this URL, as Kopf's --liveness: e.g. http://0.0.0.0:8080/healthz.
     ///
     /// The path answers the liveness probe (Kopf's JSON of `on_probe` results; 500 and the failed
@@ -328,6 +337,9 @@ impl RunArgs {
         }
         if let Some(namespace) = &self.lease_namespace {
             args.push(format!("--lease-namespace={namespace}"));
+        }
+        if let Some(ring) = &self.shards {
+            args.push(format!("--shards={ring}"));
         }
         if let Some(url) = &self.liveness {
             args.push(format!("--liveness={url}"));

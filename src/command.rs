@@ -7,6 +7,7 @@
 use std::io::{Read, Write};
 
 use kactor_peering::lease::LeaseSettings;
+use kactor_peering::sharding::RingSettings;
 
 use crate::cli::{Command, Manifests, OlmCommand, OperatorCli, RbacCommand};
 use crate::error::{Error, Result};
@@ -121,6 +122,28 @@ impl Operator {
                 .clone()
                 .unwrap_or_else(kactor_peering::peering::identity);
             operator = operator.leader_election(LeaseSettings::new(&name, &namespace, &identity));
+        }
+        if let Some(ring) = &args.shards {
+            let ring = match ring.as_str() {
+                // The same default name as the lease's, which `rbac generate` grants.
+                "auto" => args
+                    .lease_name
+                    .clone()
+                    .or_else(crate::cli::program_name)
+                    .unwrap_or_else(|| crate::cli::DEFAULT_NAME.to_string()),
+                ring => ring.to_string(),
+            };
+            let namespace = args
+                .lease_namespace
+                .clone()
+                .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                .unwrap_or_else(|| "default".to_string());
+            let identity = operator
+                .identity
+                .clone()
+                .unwrap_or_else(kactor_peering::peering::identity);
+            let member = kactor_reactor::sharding::member_name(&identity);
+            operator = operator.shards(RingSettings::new(ring, namespace, member));
         }
         operator
     }

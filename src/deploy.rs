@@ -197,16 +197,19 @@ impl Plan {
             ));
         }
         let peering = run.peering.is_some() && !run.standalone;
-        if replicas > 1 && !peering && !run.leader_election {
+        if replicas > 1 && !peering && !run.leader_election && run.shards.is_none() {
             return Err(invalid(format!(
                 "{replicas} replicas would all handle the same objects at once: add \
-                 --leader-election (or --peering NAME) so that one works and the others wait"
+                 --leader-election (or --peering NAME) so that one works and the others wait, \
+                 or --shards auto so that they share the objects"
             )));
         }
         if peering {
             run.create_peering = true;
         }
-        if run.leader_election && run.lease_name.is_none() {
+        if (run.leader_election || run.shards.as_deref() == Some("auto"))
+            && run.lease_name.is_none()
+        {
             // In the pod the program is `operator` (deploy/Dockerfile): name the lease explicitly.
             run.lease_name = Some(name.clone());
         }

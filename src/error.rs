@@ -47,6 +47,12 @@ pub enum Error {
     /// The leader election settings are invalid.
     #[error(transparent)]
     LeaderElection(#[from] kactor_peering::lease::LeaseError),
+    /// The sharding settings are invalid.
+    #[error(transparent)]
+    Sharding(#[from] kactor_peering::sharding::RingError),
+    /// Sharding cannot run with these other settings.
+    #[error("sharding: {0}")]
+    ShardingConflict(String),
     /// The `--liveness` URL is not one kactor can serve.
     #[error("invalid liveness endpoint {url:?}: {reason}; expected http://HOST:PORT/PATH, e.g. http://0.0.0.0:8080/healthz")]
     Liveness {

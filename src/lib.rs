@@ -172,6 +172,10 @@ pub mod posting {
 /// Sharding: replicas that share one operator's objects (`docs/sharding.md`). The labels, the fence
 /// and a replica's place in the ring ([`Settings::shard`](settings::Settings::shard)).
 pub mod sharding {
+    pub use kactor_peering::sharding::{
+        owner, Assigner, HashBy, Member, MemberState, RingError, RingSettings, RingView, Target,
+        MEMBER_TOGGLE,
+    };
     pub use kactor_reactor::sharding::{
         drain_label, shard_label, Shard, ShardError, Standing, DRAINING, DRAIN_LABEL_PREFIX,
         RING_LABEL, SHARD_LABEL_PREFIX,

@@ -31,6 +31,7 @@ use kactor_actors::tracker::Tracker;
 use kactor_health::{Check, HealthActor, HealthServer, HealthState, Metrics};
 use kactor_peering::lease::{LeaderElector, LeaseSettings};
 use kactor_peering::peering::{PeeringMode, PeeringSettings};
+use kactor_peering::sharding::RingSettings;
 use kactor_reactor::admission::{
     admission_fn, Admission, AdmissionCtx, AdmissionError, AdmissionHandler, AdmissionKind,
 };
@@ -49,6 +50,7 @@ use kactor_reactor::posting::EventPoster;
 use kactor_reactor::reconcile::{reconcile_fn, Action, Reconcile, ReconcileHandler};
 use kactor_reactor::resources::{Resource, Selector};
 use kactor_reactor::settings::Settings;
+use kactor_reactor::sharding::Shard;
 use kactor_reactor::watching::{WatchItem, Watcher};
 use kube::api::{Api, DynamicObject};
 use tokio::sync::Semaphore;
@@ -85,6 +87,8 @@ pub struct Operator {
     switch: PauseSwitch,
     peering: PeeringSettings,
     leader_election: Option<LeaseSettings>,
+    /// The ring this replica shares the objects in ([`Operator::shards`]).
+    sharding: Option<RingSettings>,
     pub(crate) identity: Option<String>,
     /// kactor's Prometheus metrics (the first observer).
     metrics: Arc<Metrics>,
@@ -122,6 +126,7 @@ impl Operator {
             switch: PauseSwitch::new(),
             peering: PeeringSettings::default(),
             leader_election: None,
+            sharding: None,
             identity: None,
             metrics: Arc::new(
                 Metrics::new().expect("kactor's metrics register on a fresh registry"),
@@ -242,6 +247,27 @@ impl Operator {
     /// ```
     pub fn leader_election(mut self, settings: LeaseSettings) -> Self {
         self.leader_election = Some(settings);
+        self
+    }
+
+    /// Shares the objects with the other replicas of this operator (`docs/sharding.md`): each object
+    /// belongs to one live replica, named by its label `shard.kactor.dev/<ring>`, and this replica
+    /// watches, caches and handles only its own. Every replica keeps a `coordination.k8s.io/v1` Lease
+    /// of its own (`<ring>-<identity>`, 15 s / 10 s / 2 s by default) and pauses when it cannot renew
+    /// it; the holder of the leader Lease `<ring>` assigns the objects (rendezvous hashing by uid),
+    /// moves them from live replicas through a handover (`drain.kactor.dev/<ring>`) and from dead ones
+    /// once it has taken their Lease over. Every write to an object is fenced: it is rejected once the
+    /// object is no longer this replica's. One replica alone works as without sharding.
+    ///
+    /// Not with [`Operator::leader_election`] (the leader Lease elects the assigner here).
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// use kactor::sharding::RingSettings;
+    /// let operator = Operator::new().shards(RingSettings::new("my-operator", "operators", "pod-1"));
+    /// ```
+    pub fn shards(mut self, settings: RingSettings) -> Self {
+        self.sharding = Some(settings);
         self
     }
 
@@ -1185,6 +1211,7 @@ impl Operator {
             registry: &self.registry,
             peering: &self.peering,
             leader_election: self.leader_election.as_ref(),
+            sharding: self.sharding.as_ref(),
             client: self.client.as_ref(),
             crds: &self.crds,
             extra: &self.permissions,
@@ -1211,6 +1238,7 @@ pub(crate) struct Blueprint<'a> {
     pub(crate) registry: &'a Registry,
     pub(crate) peering: &'a PeeringSettings,
     pub(crate) leader_election: Option<&'a LeaseSettings>,
+    pub(crate) sharding: Option<&'a RingSettings>,
     pub(crate) client: Option<&'a kube::Client>,
     pub(crate) crds: &'a [CustomResourceDefinition],
     pub(crate) extra: &'a [Extra],

@@ -194,6 +194,8 @@ struct Setup {
     create_peering: bool,
     /// The lease's name and namespace; None: no leader election.
     lease: Option<(String, String)>,
+    /// Sharded: the ring's name and its Leases' namespace.
+    ring: Option<(String, String)>,
     /// The handlers' own needs.
     extra: Vec<Extra>,
     /// The managed webhook configurations' name, when there are admission handlers.
@@ -233,7 +235,28 @@ impl Setup {
                 .leader_election
                 .map(|lease| (lease.name.clone(), lease.namespace.clone()))
         };
+        let ring = match (&run.shards, blueprint.sharding) {
+            (Some(ring), _) => {
+                let ring = if ring == "auto" {
+                    run.lease_name
+                        .clone()
+                        .or_else(program_name)
+                        .unwrap_or_else(|| DEFAULT_NAME.to_string())
+                } else {
+                    ring.clone()
+                };
+                let namespace = run
+                    .lease_namespace
+                    .clone()
+                    .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                    .unwrap_or_else(|| "default".to_string());
+                Some((ring, namespace))
+            }
+            (None, Some(ring)) => Some((ring.ring.clone(), ring.namespace.clone())),
+            (None, None) => None,
+        };
         Ok(Setup {
+            ring,
             account: Account {
                 namespace: args.service_account_namespace(),
                 name: args.service_account_name(),
@@ -512,6 +535,17 @@ impl Setup {
                 )
                 .named(name),
             );
+        }
+        if let Some((ring, namespace)) = &self.ring {
+            permissions.push(Permission::new(
+                Place::Namespace(namespace.clone()),
+                "coordination.k8s.io",
+                "leases",
+                &["create", "delete", "get", "list", "update", "watch"],
+                &format!(
+                    "sharding: each replica keeps its Lease `{ring}-<replica>`, the assigner                      reads the ring's, takes a dead one over and deletes it; the Lease `{ring}`                      elects the assigner"
+                ),
+            ));
         }
         // Cluster-wide rules first (the ClusterRole), then each namespace's (its Role); stable within.
         permissions.sort_by(|a, b| a.place.cmp(&b.place));

@@ -262,3 +262,263 @@ async fn a_result_the_fence_kept_out_during_a_drain_goes_with_the_handover() {
     );
     running.stop().await;
 }
+
+/// One handler call: which object, which replica, and when (one process, one monotonic clock).
+#[derive(Debug, Clone, PartialEq)]
+struct Call {
+    uid: String,
+    replica: String,
+    start: std::time::Instant,
+    end: std::time::Instant,
+}
+
+#[derive(Clone, Default)]
+struct Calls(Arc<Mutex<Vec<Call>>>);
+
+impl Calls {
+    /// Pairs of calls for one object by two replicas that overlap in time.
+    fn overlaps(&self) -> Vec<(Call, Call)> {
+        let mut calls = self.0.lock().unwrap().clone();
+        calls.sort_by(|a, b| (&a.uid, a.start).cmp(&(&b.uid, b.start)));
+        let mut overlaps = Vec::new();
+        for (i, a) in calls.iter().enumerate() {
+            for b in calls[i + 1..].iter().take_while(|b| b.uid == a.uid) {
+                if b.replica != a.replica && b.start < a.end {
+                    overlaps.push((a.clone(), b.clone()));
+                }
+            }
+        }
+        overlaps
+    }
+
+    /// How many calls each replica made.
+    fn replicas(&self) -> std::collections::BTreeMap<String, usize> {
+        let mut replicas = std::collections::BTreeMap::new();
+        for call in self.0.lock().unwrap().iter() {
+            *replicas.entry(call.replica.clone()).or_default() += 1;
+        }
+        replicas
+    }
+}
+
+/// A ring member with quick timings (lease 2 s, renew deadline 1.2 s, retry 200 ms, resync 1 s)
+/// whose create and field handlers record their calls, and take 20 ms each.
+fn member(cluster: &kactor_testenv::TestCluster, replica: &str, calls: &Calls) -> Operator {
+    let ring = kactor::sharding::RingSettings::new(RING, "default", replica)
+        .with_timings(
+            Duration::from_secs(2),
+            Duration::from_millis(1200),
+            Duration::from_millis(200),
+        )
+        .unwrap();
+    let ring = kactor::sharding::RingSettings {
+        resync_period: Duration::from_secs(1),
+        ..ring
+    };
+    let record = |calls: &Calls, replica: &str| {
+        let (calls, replica) = (calls.clone(), replica.to_string());
+        move |ctx: Ctx| {
+            let (calls, replica) = (calls.clone(), replica.clone());
+            async move {
+                let start = std::time::Instant::now();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let size = ctx.spec()["size"].clone();
+                calls.0.lock().unwrap().push(Call {
+                    uid: ctx.uid().unwrap_or_default().to_string(),
+                    replica,
+                    start,
+                    end: std::time::Instant::now(),
+                });
+                Ok(Some(size))
+            }
+        }
+    };
+    operator(cluster)
+        .identity(replica)
+        .shards(ring)
+        .on_create(WIDGETS, "create", record(calls, replica))
+        .on_field(WIDGETS, "spec.size", "size", record(calls, replica))
+}
+
+fn owner(object: &DynamicObject) -> Option<&str> {
+    object
+        .metadata
+        .labels
+        .as_ref()?
+        .get(OWNER)
+        .map(String::as_str)
+}
+
+/// Waits until every widget passes `check`, or fails showing the first that does not.
+async fn until_all(
+    widgets: &Api<DynamicObject>,
+    what: &str,
+    check: impl Fn(&DynamicObject) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let all = widgets.list(&Default::default()).await.unwrap().items;
+        let failing = all.iter().find(|o| !check(o));
+        let Some(failing) = failing else {
+            return;
+        };
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}; e.g. {}",
+            serde_json::to_string_pretty(failing).unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Every change handled: the field handler's last result and the diff-base show the final size.
+fn settled(object: &DynamicObject) -> bool {
+    let size = &object.data["spec"]["size"];
+    let base: Option<Value> = diff_base(object).and_then(|b| serde_json::from_str(b).ok());
+    status(object)["create"].is_number()
+        && base.is_some_and(|b| &b["spec"]["size"] == size)
+        && object
+            .metadata
+            .labels
+            .as_ref()
+            .is_none_or(|l| !l.contains_key(DRAIN))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_the_objects_and_hand_them_over_as_they_come_and_go_never_two_at_once() {
+    let (cluster, widgets) = cluster_with_widgets().await;
+    let calls = Calls::default();
+    let r1 = spawn(member(&cluster, "r1", &calls));
+    let r2 = spawn(member(&cluster, "r2", &calls));
+    let r3 = spawn(member(&cluster, "r3", &calls));
+    for i in 0..60 {
+        create(&widgets, &format!("w{i}"), None).await;
+    }
+    // Changes all along, while replicas come and go.
+    let changing = {
+        let widgets = widgets.clone();
+        tokio::spawn(async move {
+            for round in 0u64.. {
+                for i in (round % 7..60).step_by(7) {
+                    resize(&widgets, &format!("w{i}"), (round % 5 + 1) as i64).await;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    until_all(&widgets, "every object handled by one of three", |o| {
+        matches!(owner(o), Some("r1" | "r2" | "r3")) && status(o)["create"].is_number()
+    })
+    .await;
+    let list = || async { widgets.list(&Default::default()).await.unwrap().items };
+    let owned = |objects: &[DynamicObject], replica: &str| {
+        objects.iter().filter(|o| owner(o) == Some(replica)).count()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let objects = list().await;
+        if ["r1", "r2", "r3"].iter().all(|r| owned(&objects, r) >= 10) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the three share the objects"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A graceful exit: its objects go to the others.
+    r3.stop().await;
+    until_all(&widgets, "r3's objects moved to r1 and r2", |o| {
+        matches!(owner(o), Some("r1" | "r2"))
+    })
+    .await;
+    // A new replica: objects are drained from the others to it.
+    let r4 = spawn(member(&cluster, "r4", &calls));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while owned(&list().await, "r4") < 10 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "r4 got too few objects"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Its objects change too, before the changes stop.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    changing.abort();
+    until_all(&widgets, "every change handled, by a live replica", |o| {
+        matches!(owner(o), Some("r1" | "r2" | "r4")) && settled(o)
+    })
+    .await;
+    let owners: std::collections::BTreeMap<String, usize> =
+        list()
+            .await
+            .iter()
+            .fold(Default::default(), |mut owners, o| {
+                *owners.entry(owner(o).unwrap().to_string()).or_default() += 1;
+                owners
+            });
+    eprintln!("owners at the end: {owners:?}");
+    assert_eq!(owners.len(), 3, "{owners:?}");
+    assert_eq!(
+        calls.overlaps(),
+        Vec::new(),
+        "never two replicas on one object at once"
+    );
+    let replicas = calls.replicas();
+    eprintln!("handler calls per replica: {replicas:?}");
+    assert_eq!(
+        replicas.len(),
+        4,
+        "every replica handled objects: {replicas:?}"
+    );
+    for running in [r1, r2, r4] {
+        running.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_that_leaves_the_shard_is_not_deleted_for_event_handlers_but_a_deleted_one_is() {
+    let (cluster, widgets) = cluster_with_widgets().await;
+    let log = Log::default();
+    let seen = log.clone();
+    let running = spawn(sharded(&cluster).on_event(WIDGETS, "ev", move |ctx: Ctx| {
+        let log = seen.clone();
+        async move {
+            log.push(format!("{} {:?}", ctx.name(), ctx.event_type));
+            Ok(())
+        }
+    }));
+    for name in ["relabelled", "handed", "deleted"] {
+        create(&widgets, name, Some("me")).await;
+    }
+    log.until("the three seen", |l| {
+        ["relabelled", "handed", "deleted"]
+            .iter()
+            .all(|n| l.iter().any(|e| e.starts_with(&format!("{n} "))))
+    })
+    .await;
+    // By hand: the API server sends it as it was (labelled for us), as it sends a deletion.
+    label(&widgets, "relabelled", serde_json::json!({ OWNER: "them" })).await;
+    // Through a handover.
+    label(&widgets, "handed", serde_json::json!({ DRAIN: "true" })).await;
+    until(&widgets, "handed", "the handover", |o| {
+        o.is_some_and(|o| labels(o).is_empty())
+    })
+    .await;
+    widgets
+        .delete("deleted", &Default::default())
+        .await
+        .unwrap();
+    log.until("the deletion", |l| l.iter().any(|e| e == "deleted Deleted"))
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let entries = log.all();
+    assert!(
+        !entries
+            .iter()
+            .any(|e| e == "relabelled Deleted" || e == "handed Deleted"),
+        "{entries:?}"
+    );
+    running.stop().await;
+}

@@ -2,12 +2,15 @@
 //! before the first watch and stopped after the last handler.
 
 use super::*;
+use kactor_peering::sharding::{Assigner, Member};
 
 /// The tasks that decide whether this operator may work (peering, leader election). They run from
 /// before the first watch until after the last handler, and are never paused themselves.
 pub(super) struct Coordination {
     stop: tokio::sync::watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Sharded: whether this replica holds the leader Lease, which makes it the assigner.
+    assigns: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl Coordination {
@@ -23,11 +26,47 @@ impl Coordination {
                 let _ = stopped.wait_for(|stop| *stop).await;
             }
         };
-        let identity = operator
-            .identity
-            .clone()
-            .unwrap_or_else(kactor_peering::peering::identity);
+        let identity = match &operator.sharding {
+            // Members of one ring do not pause each other (see `peering::ring_identity`).
+            Some(ring) => kactor_peering::peering::ring_identity(&ring.ring, &ring.identity),
+            None => operator
+                .identity
+                .clone()
+                .unwrap_or_else(kactor_peering::peering::identity),
+        };
         let mut tasks = Vec::new();
+        let mut assigns = None;
+        if let Some(ring) = &operator.sharding {
+            ring.validate()?;
+            // The member pauses the operator as it is made, until it has joined the ring.
+            let member = Member::new(client.clone(), ring.clone(), operator.switch.clone());
+            let stopped = until_stopped();
+            tasks.push(tokio::spawn(async move {
+                if let Err(error) = member.run(stopped).await {
+                    tracing::error!(%error, "the ring membership stopped");
+                }
+            }));
+            // The leader Lease elects the assigner; it gates no work (its own pause switch).
+            let lease = LeaseSettings::new(&ring.ring, &ring.namespace, &ring.identity)
+                .with_timings(ring.lease_duration, ring.renew_deadline, ring.retry_period)?;
+            let elector = LeaderElector::new(client.clone(), lease, PauseSwitch::new());
+            let mut leading = elector.is_leader();
+            assigns = Some(leading.clone());
+            let (observer, name) = (observer.clone(), ring.ring.clone());
+            observer.leadership(&name, false);
+            tasks.push(tokio::spawn(async move {
+                while leading.changed().await.is_ok() {
+                    let now = *leading.borrow_and_update();
+                    observer.leadership(&name, now);
+                }
+            }));
+            let stopped = until_stopped();
+            tasks.push(tokio::spawn(async move {
+                if let Err(error) = elector.run(stopped).await {
+                    tracing::error!(%error, "the assigner's election stopped");
+                }
+            }));
+        }
         if let Some(lease) = &operator.leader_election {
             lease.validate()?;
             // The elector pauses the operator as it is made, before anything could be watched.
@@ -71,7 +110,35 @@ impl Coordination {
                 client, settings, identity, switch, stopped,
             )));
         }
-        Ok(Coordination { stop, tasks })
+        Ok(Coordination {
+            stop,
+            tasks,
+            assigns,
+        })
+    }
+
+    /// Sharded: starts the assigner of the objects of `targets`, which works while this replica
+    /// holds the leader Lease.
+    pub(super) fn start_assigner(
+        &mut self,
+        operator: &Operator,
+        client: &kube::Client,
+        targets: Vec<kactor_peering::sharding::Target>,
+    ) {
+        let (Some(ring), Some(assigns)) = (&operator.sharding, &self.assigns) else {
+            return;
+        };
+        let assigner = Assigner::new(client.clone(), ring.clone(), targets);
+        let mut stopped = self.stop.subscribe();
+        let assigns = assigns.clone();
+        self.tasks.push(tokio::spawn(async move {
+            let stopped = async move {
+                let _ = stopped.wait_for(|stop| *stop).await;
+            };
+            if let Err(error) = assigner.run(assigns, stopped).await {
+                tracing::error!(%error, "the assigner stopped");
+            }
+        }));
     }
 
     pub(super) async fn stop(self) {

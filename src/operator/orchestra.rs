@@ -410,6 +410,26 @@ impl Orchestra {
         Ok(())
     }
 
+    /// Sharded: what the assigner assigns, every served resource in every served namespace. Namespace
+    /// patterns with globs are refused (the assigner does not follow namespaces as they come).
+    pub(super) fn shard_targets(&self) -> Result<Vec<kactor_peering::sharding::Target>> {
+        if let Served::Patterns { .. } = self.served {
+            return Err(Error::ShardingConflict(
+                "namespace patterns with globs are not supported: serve the whole cluster (-A) or name the namespaces".to_string(),
+            ));
+        }
+        let mut targets = Vec::new();
+        for resource in self.targets.iter().filter_map(|t| t.resolved.as_ref()) {
+            for namespace in self.namespaces_of(resource) {
+                targets.push(kactor_peering::sharding::Target::new(
+                    resource.api_resource(),
+                    namespace,
+                ));
+            }
+        }
+        Ok(targets)
+    }
+
     /// The namespaces a resource is served in, as supervisors and related streams are.
     fn namespaces_of(&self, resource: &Resource) -> Vec<Option<String>> {
         match (&self.served, resource.namespaced) {

@@ -22,12 +22,31 @@ impl Operator {
         self.serve(stop, std::future::pending()).await
     }
 
+    /// Sharded: checks the ring's settings and places this replica in it (`settings.shard`), which
+    /// its supervisors and workers follow.
+    fn place_in_ring(&mut self) -> Result<()> {
+        let Some(ring) = &self.sharding else {
+            return Ok(());
+        };
+        ring.validate()?;
+        if self.leader_election.is_some() {
+            return Err(Error::ShardingConflict(
+                "leader election cannot be on as well: in a ring, the leader Lease elects the assigner and every replica works; drop leader_election (--leader-election)".to_string(),
+            ));
+        }
+        let shard = Shard::new(&ring.ring, &ring.identity)
+            .map_err(|e| Error::ShardingConflict(e.to_string()))?;
+        self.settings.shard = Some(shard);
+        Ok(())
+    }
+
     /// Serves until `stop`; then shuts down, unless `interrupt` completes first.
     async fn serve(
-        self,
+        mut self,
         stop: impl Future<Output = ()> + Send,
         interrupt: impl Future<Output = ()> + Send,
     ) -> Result<()> {
+        self.place_in_ring()?;
         let observer: Arc<dyn Observer> = if self.observers.is_empty() {
             self.metrics.clone()
         } else {
@@ -97,8 +116,11 @@ impl Operator {
         }
         // Before anything is watched: the first objects are admitted by the operator already.
         let webhooks = admission::start(&self, &client).await?;
-        let coordination = Coordination::start(&self, &client, &observer)?;
+        let mut coordination = Coordination::start(&self, &client, &observer)?;
         let mut orchestra = Orchestra::new(&self, client.clone(), observer, watches).await?;
+        if self.sharding.is_some() {
+            coordination.start_assigner(&self, &client, orchestra.shard_targets()?);
+        }
         if self.liveness.is_some() {
             // Its heartbeats are read only by the health server.
             orchestra.start_health(health.clone()).await?;

@@ -56,6 +56,37 @@ pub fn is_label_name(text: &str) -> bool {
         && bytes[bytes.len() - 1].is_ascii_alphanumeric()
 }
 
+/// A member name from a process identity: a label value that can also end the name of its Lease
+/// (`<ring>-<member>`): the identity itself if it is lowercase letters, digits, '-' and '.' (a pod's
+/// name is), else the identity lowercased, other characters as `-`, trimmed to 63 and to
+/// alphanumeric ends (Kopf's default `user@host/20260301100000/abc` becomes
+/// `user-host-20260301100000-abc`).
+pub fn member_name(identity: &str) -> String {
+    let fits = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '.');
+    if is_label_name(identity) && identity.chars().all(fits) {
+        return identity.to_string();
+    }
+    let mapped: String = identity
+        .chars()
+        .map(|c| c.to_ascii_lowercase())
+        .map(|c| if fits(c) { c } else { '-' })
+        .collect();
+    let trimmed = |s: &str| -> String {
+        s.trim_matches(|c: char| !c.is_ascii_alphanumeric())
+            .to_string()
+    };
+    let mut name = trimmed(&mapped);
+    if name.len() > 63 {
+        // The end carries the random part of Kopf's identities.
+        name = trimmed(&name[name.len() - 63..]);
+    }
+    if name.is_empty() {
+        "member".to_string()
+    } else {
+        name
+    }
+}
+
 /// Where an object stands for this replica, by its labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Standing {
@@ -299,6 +330,20 @@ mod tests {
             error.contains("\"my pod\"") && error.contains("label value"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn member_names_are_label_values() {
+        assert_eq!(member_name("my-op-7d9f-xk2p"), "my-op-7d9f-xk2p");
+        assert_eq!(
+            member_name("root@host/20260301100000/abc"),
+            "root-host-20260301100000-abc"
+        );
+        let long = format!("{}@h/{}/xyz", "u".repeat(80), 1);
+        let name = member_name(&long);
+        assert!(is_label_name(&name) && name.ends_with("xyz"), "{name}");
+        assert_eq!(member_name("@@@"), "member");
+        assert_eq!(member_name("Root@My_Host/1/abc"), "root-my-host-1-abc");
     }
 
     #[test]
