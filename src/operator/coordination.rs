@@ -2,7 +2,7 @@
 //! before the first watch and stopped after the last handler.
 
 use super::*;
-use kactor_peering::sharding::{Assigner, Member};
+use kactor_peering::sharding::{Assigner, Member, RingView};
 
 /// The tasks that decide whether this operator may work (peering, leader election). They run from
 /// before the first watch until after the last handler, and are never paused themselves.
@@ -40,6 +40,16 @@ impl Coordination {
             ring.validate()?;
             // The member pauses the operator as it is made, until it has joined the ring.
             let member = Member::new(client.clone(), ring.clone(), operator.switch.clone());
+            // kactor_shard_member{ring}: 0 from the start, then every change.
+            let mut joined = member.joined();
+            let (told, name) = (observer.clone(), ring.ring.clone());
+            told.shard_member(&name, false);
+            tasks.push(tokio::spawn(async move {
+                while joined.changed().await.is_ok() {
+                    let now = *joined.borrow_and_update();
+                    told.shard_member(&name, now);
+                }
+            }));
             let stopped = until_stopped();
             tasks.push(tokio::spawn(async move {
                 if let Err(error) = member.run(stopped).await {
@@ -123,12 +133,18 @@ impl Coordination {
         &mut self,
         operator: &Operator,
         client: &kube::Client,
+        observer: &Arc<dyn Observer>,
         targets: Vec<kactor_peering::sharding::Target>,
     ) {
         let (Some(ring), Some(assigns)) = (&operator.sharding, &self.assigns) else {
             return;
         };
         let assigner = Assigner::new(client.clone(), ring.clone(), targets);
+        self.tasks.push(tokio::spawn(report_ring(
+            assigner.view(),
+            observer.clone(),
+            ring.ring.clone(),
+        )));
         let mut stopped = self.stop.subscribe();
         let assigns = assigns.clone();
         self.tasks.push(tokio::spawn(async move {
@@ -146,5 +162,33 @@ impl Coordination {
         for task in self.tasks {
             let _ = task.await;
         }
+    }
+}
+
+/// The assigner's doings as metrics: the objects per member after each resync, and its moves.
+async fn report_ring(
+    mut view: tokio::sync::watch::Receiver<RingView>,
+    observer: Arc<dyn Observer>,
+    ring: String,
+) {
+    let mut told = RingView::default();
+    while view.changed().await.is_ok() {
+        let now = view.borrow_and_update().clone();
+        for (kind, before, after) in [
+            ("assigned", told.assigned, now.assigned),
+            ("drained", told.drained, now.drained),
+            ("relabelled", told.relabelled, now.relabelled),
+            ("takeover", told.takeovers, now.takeovers),
+        ] {
+            if after > before {
+                observer.shard_moves(&ring, kind, after - before);
+            }
+        }
+        if now.resyncs != told.resyncs {
+            let owners: Vec<(&str, usize)> =
+                now.objects.iter().map(|(m, n)| (m.as_str(), *n)).collect();
+            observer.shard_objects(&ring, &owners);
+        }
+        told = now;
     }
 }

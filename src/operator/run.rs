@@ -117,9 +117,10 @@ impl Operator {
         // Before anything is watched: the first objects are admitted by the operator already.
         let webhooks = admission::start(&self, &client).await?;
         let mut coordination = Coordination::start(&self, &client, &observer)?;
-        let mut orchestra = Orchestra::new(&self, client.clone(), observer, watches).await?;
+        let mut orchestra =
+            Orchestra::new(&self, client.clone(), observer.clone(), watches).await?;
         if self.sharding.is_some() {
-            coordination.start_assigner(&self, &client, orchestra.shard_targets()?);
+            coordination.start_assigner(&self, &client, &observer, orchestra.shard_targets()?);
         }
         if self.liveness.is_some() {
             // Its heartbeats are read only by the health server.

@@ -694,7 +694,14 @@ impl Job {
         // Patches share the handlers' limit (see `execution.max_concurrent_handlers`).
         let _permit = self.env.limiter.acquire().await;
         match self.env.sink.apply(body, changes.clone()).await {
-            Ok(applied) => patch.extend_fns(applied.remaining),
+            Ok(applied) => {
+                if applied.fenced.is_some() {
+                    // The object moved, or is being handed over: these changes are not ours to
+                    // write any more (the daemon is stopping, or stopped).
+                    self.env.observer.fence_rejected(&self.env.label);
+                }
+                patch.extend_fns(applied.remaining);
+            }
             Err(error) => {
                 tracing::error!("Patching failed; the changes are kept for the next run: {error}");
                 patch.merge(Value::Object(changes.merge));

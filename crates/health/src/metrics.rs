@@ -75,6 +75,11 @@ pub struct Metrics {
     message_duration: HistogramVec,
     cache_objects: IntGaugeVec,
     cache_bytes: IntGaugeVec,
+    shard_member: IntGaugeVec,
+    shard_objects: IntGaugeVec,
+    shard_moves: IntCounterVec,
+    fence_rejections: IntCounterVec,
+    handover_duration: HistogramVec,
 }
 
 impl Metrics {
@@ -227,6 +232,34 @@ impl Metrics {
                 &["actor"],
                 &MESSAGE_BUCKETS,
             )?,
+            shard_member: gauges(
+                "kactor_shard_member",
+                "Sharding: 1 while this replica is a member of the ring (its Lease held), 0 otherwise.",
+                &["ring"],
+            )?,
+            shard_objects: gauges(
+                "kactor_shard_objects",
+                "Sharding, on the assigner's replica: objects per member, as its last resync counted.",
+                &["ring", "member"],
+            )?,
+            shard_moves: counter(
+                "kactor_shard_moves_total",
+                "Sharding, on the assigner's replica: objects assigned, drained (handover asked), \
+                 relabelled (from a dead member), and members' Leases taken over.",
+                &["ring", "kind"],
+            )?,
+            fence_rejections: counter(
+                "kactor_shard_fence_rejections_total",
+                "Sharding: writes to objects rejected by the fence (the object had moved or was \
+                 being handed over).",
+                &["resource"],
+            )?,
+            handover_duration: histogram(
+                "kactor_shard_handover_seconds",
+                "Sharding: from an object's drain label reaching this replica to its handover.",
+                &["resource"],
+                &API_BUCKETS,
+            )?,
             registry,
         };
         Ok(metrics)
@@ -360,6 +393,55 @@ impl Observer for Metrics {
 
     fn paused(&self, paused: bool) {
         self.operator_paused.set(i64::from(paused));
+    }
+
+    fn shard_member(&self, ring: &str, joined: bool) {
+        self.shard_member
+            .with_label_values(&[ring])
+            .set(i64::from(joined));
+    }
+
+    fn shard_objects(&self, ring: &str, owners: &[(&str, usize)]) {
+        // Members gone since the last count are dropped, not left at their last value.
+        let family = prometheus::core::Collector::collect(&self.shard_objects);
+        for metric in family.iter().flat_map(|f| f.get_metric()) {
+            let labels: Vec<(&str, &str)> = metric
+                .get_label()
+                .iter()
+                .map(|l| (l.name(), l.value()))
+                .collect();
+            let member = labels
+                .iter()
+                .find(|(name, _)| *name == "member")
+                .map(|(_, v)| *v);
+            let same_ring = labels.iter().any(|(name, v)| *name == "ring" && *v == ring);
+            if let Some(member) = member {
+                if same_ring && !owners.iter().any(|(owner, _)| *owner == member) {
+                    let _ = self.shard_objects.remove_label_values(&[ring, member]);
+                }
+            }
+        }
+        for (member, count) in owners {
+            self.shard_objects
+                .with_label_values(&[ring, member])
+                .set(i64::try_from(*count).unwrap_or(i64::MAX));
+        }
+    }
+
+    fn shard_moves(&self, ring: &str, kind: &'static str, count: u64) {
+        self.shard_moves
+            .with_label_values(&[ring, kind])
+            .inc_by(count);
+    }
+
+    fn fence_rejected(&self, resource: &str) {
+        self.fence_rejections.with_label_values(&[resource]).inc();
+    }
+
+    fn handed_over(&self, resource: &str, took: Duration) {
+        self.handover_duration
+            .with_label_values(&[resource])
+            .observe(took.as_secs_f64());
     }
 
     fn leadership(&self, name: &str, leading: bool) {
@@ -675,6 +757,50 @@ mod tests {
             ),
             2.0
         );
+    }
+
+    #[test]
+    fn sharding_is_gauged_and_counted_and_gone_members_are_dropped() {
+        let metrics = Metrics::new().unwrap();
+        metrics.shard_member("ops", true);
+        assert_eq!(
+            value(&metrics, "kactor_shard_member", &[("ring", "ops")]),
+            1.0
+        );
+        metrics.shard_objects("ops", &[("a", 3), ("b", 4)]);
+        metrics.shard_objects("ops", &[("b", 7)]);
+        let text = metrics.render();
+        assert!(!text.contains("member=\"a\""), "{text}");
+        assert_eq!(
+            value(
+                &metrics,
+                "kactor_shard_objects",
+                &[("ring", "ops"), ("member", "b")]
+            ),
+            7.0
+        );
+        metrics.shard_moves("ops", "drained", 5);
+        metrics.fence_rejected(W);
+        metrics.handed_over(W, Duration::from_millis(300));
+        assert_eq!(
+            value(
+                &metrics,
+                "kactor_shard_moves_total",
+                &[("ring", "ops"), ("kind", "drained")]
+            ),
+            5.0
+        );
+        assert_eq!(
+            value(
+                &metrics,
+                "kactor_shard_fence_rejections_total",
+                &[("resource", W)]
+            ),
+            1.0
+        );
+        assert!(metrics
+            .render()
+            .contains("kactor_shard_handover_seconds_count{resource="));
     }
 
     #[test]

@@ -972,6 +972,8 @@ pub struct RingView {
     pub conflicts: u64,
     /// Resyncs completed (every target listed).
     pub resyncs: u64,
+    /// The objects each owner has, as the last complete resync left them.
+    pub objects: BTreeMap<String, usize>,
 }
 
 impl RingView {
@@ -1544,7 +1546,10 @@ impl<'r> Term<'r> {
         if !complete {
             return;
         }
-        self.ring.view.send_modify(|view| view.resyncs += 1);
+        self.ring.view.send_modify(|view| {
+            view.resyncs += 1;
+            view.objects = left.clone();
+        });
         for (member, name, uid, rv) in &membership.deletable {
             if left.get(member).copied().unwrap_or(0) == 0 {
                 self.delete_lease(member, name, uid, rv).await;

@@ -203,10 +203,9 @@ pub struct ObjectMemory {
     /// Index handlers (by id) that failed for this object: left out for good (None) or until then.
     /// Boxed: most objects never have one, and every object has a memory.
     pub index_excluded: Option<Box<std::collections::HashMap<String, Option<Instant>>>>,
-    /// What a cycle could not write because the assigner asked for the object back meanwhile (the
-    /// write fence rejected it; sharding): it goes with the handover, or with the next cycle if the
-    /// object stays. Boxed: almost always None.
-    pub unsent: Option<Box<serde_json::Map<String, Value>>>,
+    /// The handover under way (sharding): the assigner asked for the object back. Boxed: almost
+    /// always None.
+    pub handover: Option<Box<Handover>>,
 }
 
 /// The set of no stopped daemons, shared by every memory that has none (copied on write).
@@ -228,7 +227,7 @@ impl Default for ObjectMemory {
             superseded: Vec::new(),
             reconcile: Vec::new(),
             index_excluded: None,
-            unsent: None,
+            handover: None,
         }
     }
 }
@@ -251,6 +250,25 @@ impl ObjectMemory {
         if self.reconcile.is_empty() {
             self.reconcile = Vec::new();
         }
+    }
+}
+
+/// A handover under way (sharding): the object's drain label reached this replica.
+#[derive(Debug)]
+pub struct Handover {
+    /// When the drain label first reached this replica (by a cycle, or by the fence).
+    pub since: Instant,
+    /// What a cycle could not write because the fence found the drain label: it goes with the
+    /// handover, or with the next cycle if the handover is called off.
+    pub unsent: Option<serde_json::Map<String, Value>>,
+}
+
+impl Handover {
+    fn now() -> Box<Handover> {
+        Box::new(Handover {
+            since: Instant::now(),
+            unsent: None,
+        })
     }
 }
 
@@ -568,9 +586,9 @@ impl Processor {
             }
         }
         let patch = Patch::new();
-        if let Some(unsent) = memory.unsent.take() {
+        if let Some(unsent) = memory.handover.take().and_then(|h| h.unsent) {
             // The fence stopped it for a handover that did not happen: it goes now.
-            patch.merge(Value::Object(*unsent));
+            patch.merge(Value::Object(unsent));
         }
         // Transformations that met a conflict go first; changing handlers wait until they are out.
         patch.extend_fns(std::mem::take(&mut memory.remaining));
@@ -658,6 +676,7 @@ impl Processor {
         event: &mut Event,
         memory: &mut ObjectMemory,
     ) -> Result<Cycle, ProcessingError> {
+        let since = memory.handover.get_or_insert_with(Handover::now).since;
         if let Some(view) = event.daemons.take() {
             let blocking = view.blocking;
             (view.decide)(SpawnDecision {
@@ -674,11 +693,12 @@ impl Processor {
                 });
             }
         }
+        let unsent = memory.handover.as_mut().and_then(|h| h.unsent.take());
         let backoffs = &self.settings.networking.error_backoffs;
         let _permit = self.limiter.acquire().await;
-        if let Some(unsent) = memory.unsent.take() {
+        if let Some(unsent) = unsent {
             let changes = patches::Changes {
-                merge: *unsent,
+                merge: unsent,
                 fns: Vec::new(),
             };
             let fence = Fence {
@@ -700,20 +720,31 @@ impl Processor {
                     ..Cycle::default()
                 });
             }
-            if applied.fenced.is_some() {
+            if let Some(fenced) = applied.fenced {
                 tracing::info!(
                     "The handover was called off, or the object moved on: nothing is handed over."
                 );
+                self.observer.fence_rejected(&self.label);
+                if let (Fenced::Draining(unsent), Some(handover)) = (fenced, &mut memory.handover) {
+                    handover.unsent = Some(unsent);
+                }
                 return Ok(Cycle::default());
             }
         }
         match patches::release(&self.client, &self.resource, &event.body, shard, backoffs).await? {
-            Some(_) => tracing::info!(
-                "Handed over: the object's shard labels are removed; the assigner gives it to its next owner."
-            ),
-            None => tracing::info!(
-                "The handover was called off, or the object moved on: nothing is handed over."
-            ),
+            Some(_) => {
+                tracing::info!(
+                    "Handed over: the object's shard labels are removed; the assigner gives it to its next owner."
+                );
+                memory.handover = None;
+                self.observer.handed_over(&self.label, since.elapsed());
+            }
+            None => {
+                tracing::info!(
+                    "The handover was called off, or the object moved on: nothing is handed over."
+                );
+                self.observer.fence_rejected(&self.label);
+            }
         }
         // Its next event is its departure from this replica's watch (or, called off, a change).
         Ok(Cycle::default())
@@ -1025,8 +1056,12 @@ impl Processor {
         let applied = self.send(body, changes).await?;
         memory.remaining = applied.remaining;
         match applied.fenced {
-            Some(Fenced::Draining(unsent)) => memory.unsent = Some(Box::new(unsent)),
-            Some(Fenced::Moved) | None => {}
+            Some(Fenced::Draining(unsent)) => {
+                self.observer.fence_rejected(&self.label);
+                memory.handover.get_or_insert_with(Handover::now).unsent = Some(unsent);
+            }
+            Some(Fenced::Moved) => self.observer.fence_rejected(&self.label),
+            None => {}
         }
         let written = match (applied.gone, applied.released, applied.resource_version) {
             (true, _, _) => Written::Gone,

@@ -102,6 +102,25 @@ pub trait Observer: Send + Sync + 'static {
 
     /// The shared cache of `resource` now holds `objects` objects, `bytes` bytes of them as JSON.
     fn cache_size(&self, _resource: &str, _objects: usize, _bytes: usize) {}
+
+    /// Sharding: whether this replica is a member of the ring `ring` now (its Lease held).
+    fn shard_member(&self, _ring: &str, _joined: bool) {}
+
+    /// Sharding, on the assigner's replica: the objects each member owns, as its last resync counted
+    /// them (a member not among `owners` owns none now).
+    fn shard_objects(&self, _ring: &str, _owners: &[(&str, usize)]) {}
+
+    /// Sharding, on the assigner's replica: `count` more moves of `kind` (`assigned`, `drained`,
+    /// `relabelled`, `takeover`).
+    fn shard_moves(&self, _ring: &str, _kind: &'static str, _count: u64) {}
+
+    /// Sharding: the write fence rejected a write to an object of `resource` (it had moved, or was
+    /// being handed over).
+    fn fence_rejected(&self, _resource: &str) {}
+
+    /// Sharding: an object of `resource` was handed over, `took` after its drain label first reached
+    /// this replica.
+    fn handed_over(&self, _resource: &str, _took: Duration) {}
 }
 
 /// The observer that observes nothing.
@@ -191,6 +210,21 @@ impl Observer for Tee {
         self.0
             .iter()
             .for_each(|o| o.cache_size(resource, objects, bytes));
+    }
+    fn shard_member(&self, ring: &str, joined: bool) {
+        self.0.iter().for_each(|o| o.shard_member(ring, joined));
+    }
+    fn shard_objects(&self, ring: &str, owners: &[(&str, usize)]) {
+        self.0.iter().for_each(|o| o.shard_objects(ring, owners));
+    }
+    fn shard_moves(&self, ring: &str, kind: &'static str, count: u64) {
+        self.0.iter().for_each(|o| o.shard_moves(ring, kind, count));
+    }
+    fn fence_rejected(&self, resource: &str) {
+        self.0.iter().for_each(|o| o.fence_rejected(resource));
+    }
+    fn handed_over(&self, resource: &str, took: Duration) {
+        self.0.iter().for_each(|o| o.handed_over(resource, took));
     }
 }
 
