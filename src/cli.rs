@@ -490,7 +490,7 @@ pub struct BundleArgs {
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
     /// How many replicas: more than one needs --peering or --leader-election (the others wait as
-    /// standbys).
+    /// standbys), or --shards (they share the objects).
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub replicas: u32,
     /// The directory to write the bundle into (created if missing; files of the same names are
@@ -541,7 +541,7 @@ pub struct DeployArgs {
     #[arg(long, value_name = "NS")]
     pub operator_namespace: Option<String>,
     /// How many replicas: more than one needs --peering or --leader-election (the others wait as
-    /// standbys).
+    /// standbys), or --shards (they share the objects).
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub replicas: u32,
     /// Write the manifests to this file instead of stdout.

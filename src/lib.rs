@@ -231,6 +231,8 @@ pub mod docs {
     pub struct DaemonsAndTimers;
     #[doc = include_str!("../docs/peering-and-leader-election.md")]
     pub struct PeeringAndLeaderElection;
+    #[doc = include_str!("../docs/sharding.md")]
+    pub struct Sharding;
     #[doc = include_str!("../docs/comparison.md")]
     pub struct Comparison;
     #[doc = include_str!("../docs/getting-started.md")]

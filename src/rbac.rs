@@ -543,7 +543,7 @@ impl Setup {
                 "leases",
                 &["create", "delete", "get", "list", "update", "watch"],
                 &format!(
-                    "sharding: each replica keeps its Lease `{ring}-<replica>`, the assigner                      reads the ring's, takes a dead one over and deletes it; the Lease `{ring}`                      elects the assigner"
+                    "sharding: each replica keeps its Lease `{ring}-<replica>`, the assigner reads the ring's, takes a dead one over and deletes it; the Lease `{ring}` elects the assigner"
                 ),
             ));
         }
@@ -1499,6 +1499,37 @@ mod tests {
         );
         // Set in code rather than on the command line, the same.
         let coded = widgets_operator().leader_election(LeaseSettings::new("my-lease", "ops", "me"));
+        assert_eq!(
+            rules(&derive(&coded, &["-A", "--standalone"]).await),
+            rules(&requirements)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_ring_needs_every_lease_verb_in_its_namespace() {
+        let requirements = derive(
+            &widgets_operator(),
+            &[
+                "-A",
+                "--standalone",
+                "--shards",
+                "auto",
+                "--lease-namespace",
+                "ops",
+            ],
+        )
+        .await;
+        let leases: Vec<String> = rules(&requirements)
+            .into_iter()
+            .filter(|r| r.contains("leases"))
+            .collect();
+        assert_eq!(
+            leases,
+            [r#"ops "coordination.k8s.io" leases create,delete,get,list,update,watch"#]
+        );
+        let coded = widgets_operator().shards(kactor_peering::sharding::RingSettings::new(
+            "widgets", "ops", "me",
+        ));
         assert_eq!(
             rules(&derive(&coded, &["-A", "--standalone"]).await),
             rules(&requirements)
