@@ -138,6 +138,41 @@ pub fn ring_identity(ring: &str, member: &str) -> String {
 
 const RING_PREFIX: &str = "ring/";
 
+/// Why a conflict at the same priority pauses a sharded ring and an operator outside it: one of
+/// them shards the objects and the other handles them all, so they would work on the same objects.
+/// None when neither side is a ring member, or both are (of different rings: plain peers).
+pub(crate) fn ring_conflict(identity: &str, peers: &[Peer]) -> Option<String> {
+    let outside: Vec<Peer> = match ring_of(identity) {
+        Some(_) => peers
+            .iter()
+            .filter(|p| ring_of(&p.identity).is_none())
+            .cloned()
+            .collect(),
+        None => peers
+            .iter()
+            .filter(|p| ring_of(&p.identity).is_some())
+            .cloned()
+            .collect(),
+    };
+    if outside.is_empty() {
+        return None;
+    }
+    let fix = "run every replica with the same --shards ring, or give them different peerings or \
+               priorities";
+    Some(match ring_of(identity) {
+        Some(ring) => format!(
+            "Refusing to work: this replica shards the objects in the ring `{ring}`, and {} peer at \
+             the same priority outside the ring, handling the same objects; {fix}",
+            list(&outside)
+        ),
+        None => format!(
+            "Refusing to work: {} shard the objects in a ring, and this operator peers with them at \
+             the same priority outside the ring, handling the same objects; {fix}",
+            list(&outside)
+        ),
+    })
+}
+
 /// The ring of a ring member's identity (see [`ring_identity`]).
 fn ring_of(identity: &str) -> Option<&str> {
     let rest = identity.strip_prefix(RING_PREFIX)?;
@@ -233,6 +268,26 @@ mod tests {
             matches!(decision.state, State::Outranked(_)),
             "{decision:?}"
         );
+        // A conflict between a ring and an operator outside it says so, on both sides.
+        let kopf = read_peers(
+            json!({"kopf@host/20260301/xyz": record(0, 1, 60)}).as_object(),
+            now(),
+        );
+        let ring = read_peers(
+            json!({ring_identity("op", "b"): record(0, 1, 60)}).as_object(),
+            now(),
+        );
+        let inside = ring_conflict(&me, &kopf).unwrap();
+        assert!(
+            inside.contains("ring `op`") && inside.contains("kopf@host"),
+            "{inside}"
+        );
+        let outside = ring_conflict("kopf@host/20260301/xyz", &ring).unwrap();
+        assert!(
+            outside.contains("ring/op/b") && outside.contains("--shards"),
+            "{outside}"
+        );
+        assert_eq!(ring_conflict("kopf@host/1/a", &kopf), None);
     }
 
     #[test]

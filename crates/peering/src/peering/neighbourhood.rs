@@ -16,7 +16,7 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{json, Map, Value};
 use tokio::sync::Notify;
 
-use super::decision::{decide, list, State};
+use super::decision::{decide, list, ring_conflict, State};
 use super::identity::random_below;
 use super::records::{self, Record};
 use super::resources::PeeringResource;
@@ -274,10 +274,13 @@ impl Neighbourhood {
             }
         };
         self.log_transition(observation, &state);
-        switch.set(
-            &self.key,
-            state.pause_reason(self.mode, &self.name, &self.place()),
-        );
+        let reason = state
+            .pause_reason(self.mode, &self.name, &self.place())
+            .map(|reason| match &state {
+                State::Conflicting(peers) => ring_conflict(&self.identity, peers).unwrap_or(reason),
+                _ => reason,
+            });
+        switch.set(&self.key, reason);
         observation.state = state;
         wake_at
     }
