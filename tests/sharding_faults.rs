@@ -164,6 +164,21 @@ fn sharding_operator_process() {
             .on_create(WIDGETS, "create", handled(&calls))
             .on_field(WIDGETS, "spec.size", "size", handled(&calls))
             .on_create(WIDGETS, "flaky", flaky)
+            .on_update(WIDGETS, "update", {
+                let calls = calls.clone();
+                move |ctx: Ctx| {
+                    let calls = calls.clone();
+                    async move {
+                        let start = monotonic();
+                        record(
+                            &calls,
+                            &format!("update/{}", ctx.uid().unwrap_or_default()),
+                            start,
+                        );
+                        Ok(None::<Value>)
+                    }
+                }
+            })
             .run()
             .await
             .unwrap();
@@ -750,6 +765,39 @@ async fn scaling_and_a_rolling_update_move_objects_with_their_progress() {
     changing.abort();
     ring.until("every change handled", settled(&["r5", "r6"]))
         .await;
+
+    // A move is no change of the object: moving objects to a new replica runs no update handler.
+    let updates = |ring: &Ring| {
+        ring.calls()
+            .iter()
+            .filter(|c| c.uid.starts_with("update/"))
+            .count()
+    };
+    let before = updates(&ring);
+    ring.join("r7");
+    ring.until("r7 owning objects, every move done", |objects| {
+        let owners = owners(objects);
+        let drains = objects
+            .iter()
+            .filter(|o| {
+                o.metadata
+                    .labels
+                    .as_ref()
+                    .is_some_and(|l| l.contains_key(DRAIN))
+            })
+            .count();
+        (owners.get("r7").is_some_and(|n| *n > 0) && !owners.contains_key("-") && drains == 0)
+            .then_some(())
+            .ok_or(format!("owners {owners:?}, {drains} draining"))
+    })
+    .await;
+    ring.until("every object settled", settled(&["r5", "r6", "r7"]))
+        .await;
+    assert_eq!(
+        updates(&ring),
+        before,
+        "no update handler ran for the moves"
+    );
 
     // The flaky handler ran exactly 4 times per object, wherever its object was at the time.
     let calls = ring.calls();

@@ -24,6 +24,7 @@ mod emulator_only {
     use kactor_reactor::reconcile::{reconcile_fn, Action, Predicate, Reconcile, ReconcileHandler};
     use kactor_reactor::resources::{Resource, Selector};
     use kactor_reactor::settings::Settings;
+    use kactor_reactor::sharding::Shard;
     use kactor_reactor::triggers::{Related, Trigger, Triggers};
     use kactor_reactor::watching::EventType;
     use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
@@ -110,6 +111,8 @@ mod emulator_only {
         widgets: Api<DynamicObject>,
         processor: Processor,
         memory: ObjectMemory,
+        /// What the processor was made of, for another (`processor_for`).
+        parts: (Arc<Resource>, Arc<ResourceHandlers>, Arc<kube::Client>),
     }
 
     impl Handling {
@@ -134,22 +137,20 @@ mod emulator_only {
                 .resolve(&resources)
                 .unwrap()
                 .clone();
-            let processor = Processor::new(
-                Arc::new(resource),
-                Arc::new(handlers),
-                Arc::new(settings),
-                Arc::new(client),
-                EventPoster::disabled(),
-                Arc::new(Semaphore::new(4)),
-            )
-            // A whole second: the stored timestamps (microseconds) are exact.
-            .with_clock(Clock::tokio(Timestamp::from_second(1_800_000_000).unwrap()));
+            let parts = (Arc::new(resource), Arc::new(handlers), Arc::new(client));
+            let processor = processor_of(&parts, settings);
             Handling {
                 emulator,
                 widgets,
                 processor,
                 memory: ObjectMemory::default(),
+                parts,
             }
+        }
+
+        /// A processor of the same handlers with other settings (another replica, say).
+        fn processor_for(&self, settings: Settings) -> Processor {
+            processor_of(&self.parts, settings)
         }
 
         async fn create_widget(&self, size: i64) -> DynamicObject {
@@ -228,6 +229,23 @@ mod emulator_only {
             };
             self.processor.process(event, &mut self.memory).await
         }
+    }
+
+    /// A processor on tokio's clock.
+    fn processor_of(
+        (resource, handlers, client): &(Arc<Resource>, Arc<ResourceHandlers>, Arc<kube::Client>),
+        settings: Settings,
+    ) -> Processor {
+        Processor::new(
+            resource.clone(),
+            handlers.clone(),
+            Arc::new(settings),
+            client.clone(),
+            EventPoster::disabled(),
+            Arc::new(Semaphore::new(4)),
+        )
+        // A whole second: the stored timestamps (microseconds) are exact.
+        .with_clock(Clock::tokio(Timestamp::from_second(1_800_000_000).unwrap()))
     }
 
     /// The essence of a widget of this size, as stored and as handlers see it.
@@ -661,6 +679,119 @@ mod emulator_only {
             .await;
         assert_eq!(cycle, Cycle::default());
         assert!(seen.take().is_empty());
+    }
+
+    /// Sharding: a handover asked for (the drain label) while an update handler ran. That cycle's
+    /// write is rejected by the fence and kept; the next cycle stops the daemons first (and waits
+    /// for them), then writes what was kept and removes both labels, behind the handover's fence.
+    /// A move is no change: the next owner's first cycle runs no handler.
+    #[tokio::test(start_paused = true)]
+    async fn a_handover_stops_the_daemons_first_and_carries_what_the_fence_kept_out() {
+        const OWNER: &str = "shard.kactor.dev/ring";
+        const DRAIN: &str = "drain.kactor.dev/ring";
+        let seen = Seen::default();
+        let sharded = |member: &str| Settings {
+            shard: Some(Shard::new("ring", member).unwrap()),
+            ..Settings::default()
+        };
+        let mut handling =
+            Handling::with_settings(vec![create(&seen), update(&seen)], sharded("me")).await;
+        let mut body = serde_json::from_value::<DynamicObject>(samples::widget("w1", 1)).unwrap();
+        body.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(OWNER.into(), "me".into());
+        handling
+            .widgets
+            .create(&PostParams::default(), &body)
+            .await
+            .unwrap();
+        handling.cycle(EventType::Added).await;
+        handling.settle().await;
+        assert_eq!(seen.take().len(), 1, "created");
+        let label = |handling: &Handling, labels: Value| {
+            let widgets = handling.widgets.clone();
+            async move {
+                let patch = json!({"metadata": {"labels": labels}});
+                widgets
+                    .patch("w1", &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .unwrap();
+            }
+        };
+
+        // The update's cycle runs on the body from before the drain label.
+        handling.resize(2).await;
+        let before_drain = handling.get().await.unwrap();
+        label(&handling, json!({ DRAIN: "true" })).await;
+        let cycle = handling
+            .cycle_on(EventType::Modified, before_drain, true, None)
+            .await;
+        assert_eq!(cycle.written, Written::Nothing, "the fence kept it out");
+        assert_eq!(seen.take().len(), 1, "the update handler ran");
+        let object = handling.get().await.unwrap();
+        assert!(
+            object.data["status"].get("update_fn").is_none(),
+            "{object:?}"
+        );
+        assert!(handling.memory.handover.is_some(), "kept for the handover");
+
+        // The handover: the daemons stop first, and the cycle waits for them.
+        let decided = Arc::new(Mutex::new(Vec::new()));
+        let view = |blocking: bool| {
+            let decided = decided.clone();
+            DaemonsView {
+                excluded: Arc::default(),
+                blocking,
+                decide: Box::new(move |decision| decided.lock().unwrap().push(decision)),
+            }
+        };
+        let draining = handling.get().await.unwrap();
+        let cycle = handling
+            .cycle_on(
+                EventType::Modified,
+                draining.clone(),
+                true,
+                Some(view(true)),
+            )
+            .await;
+        assert_eq!(cycle.next, Next::AwaitDaemons);
+        let decision = decided.lock().unwrap().pop().unwrap();
+        assert!(
+            decision.draining && decision.wanted.is_empty(),
+            "{decision:?}"
+        );
+        assert_eq!(
+            handling.get().await.unwrap().metadata.resource_version,
+            draining.metadata.resource_version
+        );
+
+        // They stopped: what was kept, then both labels gone; no handler ran.
+        let cycle = handling
+            .cycle_on(EventType::Modified, draining, true, Some(view(false)))
+            .await;
+        assert_eq!(cycle, Cycle::default());
+        assert!(seen.take().is_empty());
+        assert!(handling.memory.handover.is_none());
+        let handed = handling.get().await.unwrap();
+        assert!(
+            handed
+                .metadata
+                .labels
+                .as_ref()
+                .is_none_or(|l| !l.contains_key(OWNER) && !l.contains_key(DRAIN)),
+            "{handed:?}"
+        );
+        assert_eq!(handed.data["status"]["update_fn"], json!({"size": 2}));
+        assert_eq!(stored(&handed, DIFF_BASE), Some(essence(2)));
+
+        // The next owner (labelled for it by the assigner) resumes it: nothing to do.
+        label(&handling, json!({ OWNER: "next" })).await;
+        handling.processor = handling.processor_for(sharded("next"));
+        handling.memory = ObjectMemory::default();
+        let cycle = handling.cycle(EventType::Listed).await;
+        assert_eq!(cycle.written, Written::Nothing);
+        assert!(seen.take().is_empty(), "a move is no change");
     }
 
     /// An API failure that outlives the retries fails the cycle after exactly the backoffs

@@ -13,6 +13,7 @@ use serde_json::{Map, Value};
 use crate::storage::progress::{annotation_path, store_marker, write_json, write_json_str};
 use crate::structs::diffs::{cherrypick, ensure, remove, resolve};
 use crate::structs::keys::{marked_prefixes, KeyForming};
+use crate::structs::sharding::{DRAIN_LABEL_PREFIX, SHARD_LABEL_PREFIX};
 
 /// Kubernetes' limit on the total size of an object's annotations (keys and values, in bytes).
 pub const ANNOTATIONS_SIZE_LIMIT: usize = 256 * 1024;
@@ -92,7 +93,12 @@ impl DiffBaseStorage {
         };
         let mut metadata = Map::new();
         if let Some(labels) = &body.metadata.labels {
-            metadata.insert("labels".to_string(), string_map(labels.iter()));
+            // A sharded operator's own labels say which replica has the object, not what it is:
+            // a move between replicas is no change of the object.
+            let kept = labels.iter().filter(|(key, _)| {
+                !key.starts_with(SHARD_LABEL_PREFIX) && !key.starts_with(DRAIN_LABEL_PREFIX)
+            });
+            metadata.insert("labels".to_string(), string_map(kept));
         }
         if let Some(annotations) = &body.metadata.annotations {
             let mut ignored = marked_prefixes(annotations.keys().map(String::as_str));
@@ -418,6 +424,35 @@ mod tests {
             json!({"spec": {"x": 1},
                    "metadata": {"labels": {"a": "b"}, "annotations": {"example.com/x": "y"}}})
         );
+    }
+
+    #[test]
+    fn essence_leaves_out_a_sharded_operators_labels_so_that_a_move_is_no_change() {
+        let labelled = |labels: Value| {
+            object(json!({"metadata": {"name": "n", "labels": labels}, "spec": {"x": 1}}))
+        };
+        let storage = DiffBaseStorage::default();
+        let here = storage.essence(
+            &labelled(json!({"a": "b", "shard.kactor.dev/op": "r1"})),
+            &[],
+        );
+        let draining = storage.essence(
+            &labelled(
+                json!({"a": "b", "shard.kactor.dev/op": "r1", "drain.kactor.dev/op": "true"}),
+            ),
+            &[],
+        );
+        let moved = storage.essence(
+            &labelled(json!({"a": "b", "shard.kactor.dev/op": "r2"})),
+            &[],
+        );
+        assert_eq!(
+            here,
+            json!({"spec": {"x": 1}, "metadata": {"labels": {"a": "b"}}})
+        );
+        assert_eq!((&draining, &moved), (&here, &here));
+        let only = storage.essence(&labelled(json!({"shard.kactor.dev/op": "r1"})), &[]);
+        assert_eq!(only, json!({"spec": {"x": 1}}));
     }
 
     #[test]
