@@ -174,7 +174,7 @@ pub mod posting {
 pub mod sharding {
     pub use kactor_peering::sharding::{
         owner, Assigner, HashBy, Member, MemberState, RingError, RingSettings, RingView, Target,
-        MEMBER_TOGGLE,
+        ASSIGNER_FIELD_MANAGER, MEMBER_FIELD_MANAGER, MEMBER_TOGGLE,
     };
     pub use kactor_reactor::sharding::{
         drain_label, shard_label, Shard, ShardError, Standing, DRAINING, DRAIN_LABEL_PREFIX,

@@ -884,3 +884,69 @@ async fn a_partitioned_replica_pauses_before_its_lease_expires_and_rejoins_witho
     check_no_overlaps(&ring);
     ring.finish().await;
 }
+
+/// The partition the issue names: only the replica's Lease renewals fail (the emulator's fault
+/// injection, by the Lease's name and the member's field manager; the real server has none), while
+/// its other requests, and the assigner's takeover of that Lease, go through.
+mod emulator_only {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replica_whose_lease_renewals_fail_stops_before_its_lease_expires_and_rejoins() {
+        let count = objects_wanted();
+        let mut ring = Ring::start("renewals").await;
+        for replica in ["r1", "r2", "r3"] {
+            ring.join(replica);
+        }
+        ring.create(count).await;
+        let changing = ring.keep_changing(count);
+        let shared = |objects: &[DynamicObject]| {
+            let owners = owners(objects);
+            (["r1", "r2", "r3"]
+                .iter()
+                .all(|r| owners.get(*r).is_some_and(|n| *n > 0))
+                && !owners.contains_key("-"))
+            .then_some(())
+            .ok_or(format!("owners {owners:?}"))
+        };
+        ring.until("every replica owning objects", shared).await;
+
+        let cut = monotonic();
+        let faults = ring.cluster.faults();
+        // The member's writes to its Lease only: the assigner's takeover of it goes through.
+        faults.fail(
+            kactor_emulator::Failure::new(503)
+                .resource("leases")
+                .name("widgets-r3")
+                .field_manager(kactor::sharding::MEMBER_FIELD_MANAGER)
+                .times(u32::MAX),
+        );
+        ring.until("r3's objects owned by the others", owned_by(&["r1", "r2"]))
+            .await;
+        let moved = monotonic();
+        faults.reset();
+        ring.until("every replica owning objects again", shared)
+            .await;
+        changing.abort();
+        ring.until("every change handled", settled(&["r1", "r2", "r3"]))
+            .await;
+
+        // It stopped starting handler calls before its Lease could expire, and none of its calls
+        // overlaps another replica's.
+        let late: Vec<Call> = ring
+            .calls()
+            .into_iter()
+            .filter(|c| {
+                c.replica == "r3" && c.start > cut + LEASE.as_nanos() as u64 && c.start < moved
+            })
+            .collect();
+        eprintln!(
+            "r3's objects owned by others {:.1} s after its renewals began to fail; writes rejected by the fence {:?}",
+            Duration::from_nanos(moved - cut).as_secs_f64(),
+            ring.fence_rejections()
+        );
+        assert!(late.is_empty(), "r3 worked past its lease: {late:?}");
+        check_no_overlaps(&ring);
+        ring.finish().await;
+    }
+}

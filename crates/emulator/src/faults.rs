@@ -32,6 +32,22 @@ pub struct Matcher {
     /// The resource (`widgets` or `widgets.example.com`), or any.
     #[serde(default)]
     pub resource: Option<String>,
+    /// The object's name (requests for one object only), or any.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The writer's `fieldManager` (one writer's requests only), or any.
+    #[serde(default)]
+    pub field_manager: Option<String>,
+}
+
+/// A request, as the faults see it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Request<'a> {
+    pub(crate) verb: &'a str,
+    pub(crate) group: &'a str,
+    pub(crate) plural: &'a str,
+    pub(crate) name: Option<&'a str>,
+    pub(crate) field_manager: Option<&'a str>,
 }
 
 impl Matcher {
@@ -52,8 +68,32 @@ impl Matcher {
         self
     }
 
-    pub(crate) fn matches(&self, verb: &str, group: &str, plural: &str) -> bool {
+    /// Only requests for the object of this name (a get, update, patch or delete of it).
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = Some(name.to_string());
+        self
+    }
+
+    /// Only the writes of this field manager (`fieldManager`), as one writer's among several.
+    pub fn field_manager(mut self, manager: &str) -> Self {
+        self.field_manager = Some(manager.to_string());
+        self
+    }
+
+    pub(crate) fn matches(&self, request: Request<'_>) -> bool {
+        let Request {
+            verb,
+            group,
+            plural,
+            name,
+            field_manager,
+        } = request;
         self.verb.as_ref().is_none_or(|v| v == verb)
+            && self.name.as_ref().is_none_or(|n| Some(n.as_str()) == name)
+            && self
+                .field_manager
+                .as_ref()
+                .is_none_or(|m| Some(m.as_str()) == field_manager)
             && self.resource.as_ref().is_none_or(|r| {
                 r == plural
                     || r.split_once('.')
@@ -107,6 +147,18 @@ impl Failure {
     /// Only requests for this resource.
     pub fn resource(mut self, resource: &str) -> Self {
         self.matcher = self.matcher.resource(resource);
+        self
+    }
+
+    /// Only requests for the object of this name.
+    pub fn name(mut self, name: &str) -> Self {
+        self.matcher = self.matcher.name(name);
+        self
+    }
+
+    /// Only the writes of this field manager.
+    pub fn field_manager(mut self, manager: &str) -> Self {
+        self.matcher = self.matcher.field_manager(manager);
         self
     }
 
@@ -207,12 +259,12 @@ impl Faults {
     }
 
     /// The failure for this request, if one is due (and counts it).
-    pub(crate) fn take_failure(&self, verb: &str, group: &str, plural: &str) -> Option<ApiError> {
+    pub(crate) fn take_failure(&self, request: Request<'_>) -> Option<ApiError> {
         let mut rules = self.rules();
         let index = rules
             .failures
             .iter()
-            .position(|f| f.matcher.matches(verb, group, plural))?;
+            .position(|f| f.matcher.matches(request))?;
         let failure = &mut rules.failures[index];
         failure.count -= 1;
         let error = ApiError::injected(failure.code, failure.retry_after, failure.message.clone());
@@ -223,28 +275,61 @@ impl Faults {
     }
 
     /// The delay for this request.
-    pub(crate) fn latency(&self, verb: &str, group: &str, plural: &str) -> Duration {
+    pub(crate) fn latency(&self, request: Request<'_>) -> Duration {
         let rules = self.rules();
         rules
             .latency
             .iter()
-            .filter(|(m, _)| m.matches(verb, group, plural))
+            .filter(|(m, _)| m.matches(request))
             .map(|(_, d)| *d)
             .sum()
     }
 
     /// Whether a watch on this resource is to stay silent.
     pub(crate) fn is_silenced(&self, group: &str, plural: &str) -> bool {
-        self.rules()
-            .silenced
-            .iter()
-            .any(|m| m.matches("watch", group, plural))
+        self.rules().silenced.iter().any(|m| {
+            m.matches(Request {
+                verb: "watch",
+                group,
+                plural,
+                name: None,
+                field_manager: None,
+            })
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn request<'a>(
+        verb: &'a str,
+        group: &'a str,
+        plural: &'a str,
+        name: Option<&'a str>,
+    ) -> Request<'a> {
+        Request {
+            verb,
+            group,
+            plural,
+            name,
+            field_manager: None,
+        }
+    }
+
+    #[test]
+    fn a_failure_for_one_writer_spares_the_others() {
+        let faults = Faults::new(Arc::new(Mutex::new(State::new(10))));
+        faults.fail(Failure::new(500).field_manager("member").times(5));
+        let by = |manager| Request {
+            field_manager: manager,
+            ..request("update", "coordination.k8s.io", "leases", Some("op-a"))
+        };
+        assert!(faults.take_failure(by(Some("assigner"))).is_none());
+        assert!(faults.take_failure(by(None)).is_none());
+        assert!(faults.take_failure(by(Some("member"))).is_some());
+    }
 
     #[test]
     fn failures_count_down_and_match_verb_and_resource() {
@@ -257,28 +342,53 @@ mod tests {
                 .retry_after(1),
         );
         assert!(faults
-            .take_failure("get", "example.com", "widgets")
+            .take_failure(request("get", "example.com", "widgets", None))
             .is_none());
         assert!(faults
-            .take_failure("list", "other.com", "widgets")
+            .take_failure(request("list", "other.com", "widgets", None))
             .is_none());
         assert_eq!(
             faults
-                .take_failure("list", "example.com", "widgets")
+                .take_failure(request("list", "example.com", "widgets", None))
                 .unwrap()
                 .code,
             503
         );
         assert_eq!(
             faults
-                .take_failure("list", "example.com", "widgets")
+                .take_failure(request("list", "example.com", "widgets", None))
                 .unwrap()
                 .retry_after,
             Some(1)
         );
         assert!(faults
-            .take_failure("list", "example.com", "widgets")
+            .take_failure(request("list", "example.com", "widgets", None))
             .is_none());
+    }
+
+    #[test]
+    fn a_failure_for_one_object_spares_the_others() {
+        let faults = Faults::new(Arc::new(Mutex::new(State::new(10))));
+        faults.fail(Failure::new(500).verb("update").name("op-a").times(5));
+        assert!(faults
+            .take_failure(request(
+                "update",
+                "coordination.k8s.io",
+                "leases",
+                Some("op-b")
+            ))
+            .is_none());
+        assert!(faults
+            .take_failure(request("update", "coordination.k8s.io", "leases", None))
+            .is_none());
+        assert!(faults
+            .take_failure(request(
+                "update",
+                "coordination.k8s.io",
+                "leases",
+                Some("op-a")
+            ))
+            .is_some());
     }
 
     #[test]

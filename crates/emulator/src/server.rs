@@ -579,14 +579,18 @@ async fn resource(
             call.method
         )));
     };
-    let delay = shared.faults.latency(verb, group, &target.rtype.plural);
+    let request = crate::faults::Request {
+        verb,
+        group,
+        plural: &target.rtype.plural,
+        name: target.name.as_deref(),
+        field_manager: call.param("fieldManager"),
+    };
+    let delay = shared.faults.latency(request);
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
-    if let Some(error) = shared
-        .faults
-        .take_failure(verb, group, &target.rtype.plural)
-    {
+    if let Some(error) = shared.faults.take_failure(request) {
         return Err(error);
     }
     let sub = match target.sub.as_deref() {

@@ -48,6 +48,20 @@ pub const MEMBER_LABEL: &str = "kactor.dev/member";
 /// `assigner/<the assigner's identity>`.
 pub const ASSIGNER_PREFIX: &str = "assigner/";
 
+/// The field manager of a member's writes to its Lease (as the Lease's `managedFields` show it).
+pub const MEMBER_FIELD_MANAGER: &str = "kactor-ring-member";
+
+/// The field manager of the assigner's writes: the Leases it takes over, the labels it writes.
+pub const ASSIGNER_FIELD_MANAGER: &str = "kactor-ring-assigner";
+
+/// Parameters of a write by `manager`.
+fn writes(manager: &str) -> PostParams {
+    PostParams {
+        field_manager: Some(manager.to_string()),
+        ..PostParams::default()
+    }
+}
+
 /// Why sharding cannot run with these settings.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RingError {
@@ -595,7 +609,7 @@ impl Membership {
                 return phase.clone();
             }
         };
-        let params = PostParams::default();
+        let params = writes(MEMBER_FIELD_MANAGER);
         let sent_at = Instant::now();
         let written = match current {
             None => self.api.create(&params, &self.fresh_lease()).await,
@@ -676,7 +690,7 @@ impl Membership {
 
     async fn renew(&self, lease: &Lease) -> Renewal {
         let name = self.settings.lease_name();
-        let params = PostParams::default();
+        let params = writes(MEMBER_FIELD_MANAGER);
         let sent_at = Instant::now();
         match self.api.replace(&name, &params, &self.claim(lease)).await {
             Ok(lease) => return Renewal::Renewed(Box::new(lease), sent_at),
@@ -768,7 +782,7 @@ impl Membership {
     /// Writes the Lease as released; `Ok(false)` if it is not ours (any more).
     async fn give_up(&self, known: Option<&Lease>) -> Result<bool, kube::Error> {
         let name = self.settings.lease_name();
-        let params = PostParams::default();
+        let params = writes(MEMBER_FIELD_MANAGER);
         if let Some(lease) = known {
             match self.api.replace(&name, &params, &released(lease)).await {
                 Ok(_) => return Ok(true),
@@ -1474,7 +1488,7 @@ impl<'r> Term<'r> {
         spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
         let name = lease.metadata.name.clone().unwrap_or_default();
         let timeout = self.settings().attempt_timeout();
-        let params = PostParams::default();
+        let params = writes(ASSIGNER_FIELD_MANAGER);
         let write = self.ring.leases.replace(&name, &params, &taken);
         match tokio::time::timeout(timeout, write).await {
             Ok(Ok(taken)) => {
@@ -1742,7 +1756,14 @@ impl<'r> Term<'r> {
             &target.resource,
         );
         let result = api
-            .patch_metadata(&one.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch_metadata(
+                &one.name,
+                &PatchParams {
+                    field_manager: Some(ASSIGNER_FIELD_MANAGER.to_string()),
+                    ..PatchParams::default()
+                },
+                &Patch::Merge(&patch),
+            )
             .await;
         let object = match &one.namespace {
             Some(namespace) => format!("{namespace}/{}", one.name),
