@@ -16,7 +16,14 @@
 //! * `scaling_and_a_rolling_update_move_objects_with_their_progress`: 1 → 2 → 4 → 2 replicas, then each
 //!   replaced by a new one, one at a time (SIGTERM: a graceful exit hands everything over). A
 //!   handler that fails temporarily three times before it succeeds is called exactly four times
-//!   per object across all replicas: its retry count moves with the object.
+//!   per object across all replicas: its retry count moves with the object. Then a replica joins
+//!   with no change under way: the moves run no update handler.
+//! * `a_partitioned_replica_pauses_before_its_lease_expires_and_rejoins_without_overlap`: one
+//!   replica talks to the API server through a TCP proxy, which the test cuts (every connection
+//!   dropped, new ones refused) and heals.
+//! * `emulator_only::a_replica_whose_lease_renewals_fail_...`: only one replica's Lease renewals
+//!   fail (the emulator's fault injection, by the Lease's name and the member's field manager): it
+//!   starts no handler after its lease could expire, its objects move, and it rejoins.
 //!
 //! Timings are short (lease 3 s, renew deadline 2 s, retry period 300 ms, resync 1 s). Sized by
 //! `KACTOR_SHARDING_OBJECTS` (default 120). Runs on either test cluster.
