@@ -268,6 +268,30 @@ impl RunArgs {
         }
     }
 
+    /// The Lease's name: `--lease-name`, else the program's name (what `rbac generate` grants too).
+    pub(crate) fn lease_name_or_default(&self) -> String {
+        self.lease_name
+            .clone()
+            .or_else(program_name)
+            .unwrap_or_else(|| DEFAULT_NAME.to_string())
+    }
+
+    /// The Leases' namespace: `--lease-namespace`, else `POD_NAMESPACE`, else `default`.
+    pub(crate) fn lease_namespace_or_default(&self) -> String {
+        self.lease_namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .unwrap_or_else(|| "default".to_string())
+    }
+
+    /// With `--shards`: the ring's name (`auto`: the Lease's name).
+    pub(crate) fn ring(&self) -> Option<String> {
+        self.shards.as_deref().map(|ring| match ring {
+            "auto" => self.lease_name_or_default(),
+            ring => ring.to_string(),
+        })
+    }
+
     /// The warning to log at startup when the scope is cluster-wide only because neither `-n` nor `-A`
     /// was given (as Kopf's `FutureWarning`); `None` when the scope was chosen explicitly.
     pub fn scope_warning(&self) -> Option<&'static str> {

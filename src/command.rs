@@ -107,43 +107,27 @@ impl Operator {
         }
         if args.leader_election {
             // The same default name as `rbac generate`'s, so the generated RBAC grants this Lease.
-            let name = args
-                .lease_name
-                .clone()
-                .or_else(crate::cli::program_name)
-                .unwrap_or_else(|| crate::cli::DEFAULT_NAME.to_string());
-            let namespace = args
-                .lease_namespace
-                .clone()
-                .or_else(|| std::env::var("POD_NAMESPACE").ok())
-                .unwrap_or_else(|| "default".to_string());
             let identity = operator
                 .identity
                 .clone()
                 .unwrap_or_else(kactor_peering::peering::identity);
-            operator = operator.leader_election(LeaseSettings::new(&name, &namespace, &identity));
+            operator = operator.leader_election(LeaseSettings::new(
+                args.lease_name_or_default(),
+                args.lease_namespace_or_default(),
+                identity,
+            ));
         }
-        if let Some(ring) = &args.shards {
-            let ring = match ring.as_str() {
-                // The same default name as the lease's, which `rbac generate` grants.
-                "auto" => args
-                    .lease_name
-                    .clone()
-                    .or_else(crate::cli::program_name)
-                    .unwrap_or_else(|| crate::cli::DEFAULT_NAME.to_string()),
-                ring => ring.to_string(),
-            };
-            let namespace = args
-                .lease_namespace
-                .clone()
-                .or_else(|| std::env::var("POD_NAMESPACE").ok())
-                .unwrap_or_else(|| "default".to_string());
+        if let Some(ring) = args.ring() {
             let identity = operator
                 .identity
                 .clone()
                 .unwrap_or_else(kactor_peering::peering::identity);
             let member = kactor_reactor::sharding::member_name(&identity);
-            operator = operator.shards(RingSettings::new(ring, namespace, member));
+            operator = operator.shards(RingSettings::new(
+                ring,
+                args.lease_namespace_or_default(),
+                member,
+            ));
         }
         operator
     }

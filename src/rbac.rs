@@ -41,7 +41,7 @@ use kactor_reactor::discovery;
 use kactor_reactor::resources::Selector;
 use serde_json::Value;
 
-use crate::cli::{program_name, RbacArgs, DEFAULT_NAME};
+use crate::cli::RbacArgs;
 pub use crate::error::RbacError;
 use crate::error::Result;
 use crate::operator::{Blueprint, Extra, Operator};
@@ -219,39 +219,17 @@ impl Setup {
             }
         };
         let lease = if run.leader_election {
-            let name = run
-                .lease_name
-                .clone()
-                .or_else(program_name)
-                .unwrap_or_else(|| DEFAULT_NAME.to_string());
-            let namespace = run
-                .lease_namespace
-                .clone()
-                .or_else(|| std::env::var("POD_NAMESPACE").ok())
-                .unwrap_or_else(|| "default".to_string());
-            Some((name, namespace))
+            Some((
+                run.lease_name_or_default(),
+                run.lease_namespace_or_default(),
+            ))
         } else {
             blueprint
                 .leader_election
                 .map(|lease| (lease.name.clone(), lease.namespace.clone()))
         };
-        let ring = match (&run.shards, blueprint.sharding) {
-            (Some(ring), _) => {
-                let ring = if ring == "auto" {
-                    run.lease_name
-                        .clone()
-                        .or_else(program_name)
-                        .unwrap_or_else(|| DEFAULT_NAME.to_string())
-                } else {
-                    ring.clone()
-                };
-                let namespace = run
-                    .lease_namespace
-                    .clone()
-                    .or_else(|| std::env::var("POD_NAMESPACE").ok())
-                    .unwrap_or_else(|| "default".to_string());
-                Some((ring, namespace))
-            }
+        let ring = match (run.ring(), blueprint.sharding) {
+            (Some(ring), _) => Some((ring, run.lease_namespace_or_default())),
             (None, Some(ring)) => Some((ring.ring.clone(), ring.namespace.clone())),
             (None, None) => None,
         };

@@ -306,14 +306,8 @@ async fn a_result_the_fence_kept_out_during_a_drain_goes_with_the_handover() {
     running.stop().await;
 }
 
-/// One handler call: which object, which replica, and when (one process, one monotonic clock).
-#[derive(Debug, Clone, PartialEq)]
-struct Call {
-    uid: String,
-    replica: String,
-    start: std::time::Instant,
-    end: std::time::Instant,
-}
+/// One handler call (one process, one monotonic clock).
+type Call = support::Call<std::time::Instant>;
 
 #[derive(Clone, Default)]
 struct Calls(Arc<Mutex<Vec<Call>>>);
@@ -321,17 +315,7 @@ struct Calls(Arc<Mutex<Vec<Call>>>);
 impl Calls {
     /// Pairs of calls for one object by two replicas that overlap in time.
     fn overlaps(&self) -> Vec<(Call, Call)> {
-        let mut calls = self.0.lock().unwrap().clone();
-        calls.sort_by(|a, b| (&a.uid, a.start).cmp(&(&b.uid, b.start)));
-        let mut overlaps = Vec::new();
-        for (i, a) in calls.iter().enumerate() {
-            for b in calls[i + 1..].iter().take_while(|b| b.uid == a.uid) {
-                if b.replica != a.replica && b.start < a.end {
-                    overlaps.push((a.clone(), b.clone()));
-                }
-            }
-        }
-        overlaps
+        support::overlaps(self.0.lock().unwrap().clone())
     }
 
     /// How many calls each replica made.

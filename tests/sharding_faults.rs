@@ -35,6 +35,8 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod support;
+
 use kactor::emulator::samples;
 use kactor::prelude::*;
 use kactor::sharding::RingSettings;
@@ -192,14 +194,8 @@ fn sharding_operator_process() {
     });
 }
 
-/// A handler call, as a process recorded it.
-#[derive(Debug, Clone)]
-struct Call {
-    uid: String,
-    replica: String,
-    start: u64,
-    end: u64,
-}
+/// A handler call, as a process recorded it (on `CLOCK_MONOTONIC`, in nanoseconds).
+type Call = support::Call<u64>;
 
 /// When a replica was frozen (SIGSTOP to SIGCONT).
 struct Frozen {
@@ -409,7 +405,7 @@ impl Ring {
     /// Calls of two replicas for one object that overlap in time, but for those of a frozen replica
     /// that were under way while it was frozen.
     fn overlaps(&self) -> Vec<(Call, Call)> {
-        let mut calls: Vec<Call> =
+        let calls: Vec<Call> =
             self.calls()
                 .into_iter()
                 .filter(|call| {
@@ -418,16 +414,7 @@ impl Ring {
                     })
                 })
                 .collect();
-        calls.sort_by(|a, b| (&a.uid, a.start).cmp(&(&b.uid, b.start)));
-        let mut overlaps = Vec::new();
-        for (i, a) in calls.iter().enumerate() {
-            for b in calls[i + 1..].iter().take_while(|b| b.uid == a.uid) {
-                if b.replica != a.replica && b.start < a.end {
-                    overlaps.push((a.clone(), b.clone()));
-                }
-            }
-        }
-        overlaps
+        support::overlaps(calls)
     }
 
     /// How many writes the fence rejected, by replica (from their logs).
@@ -555,6 +542,19 @@ fn owners(objects: &[DynamicObject]) -> BTreeMap<String, usize> {
     owners
 }
 
+/// Every one of `replicas` owning objects, and every object owned.
+fn shared_by<'a>(replicas: &'a [&'a str]) -> impl Fn(&[DynamicObject]) -> Result<(), String> + 'a {
+    move |objects| {
+        let owners = owners(objects);
+        let shared = replicas
+            .iter()
+            .all(|r| owners.get(*r).is_some_and(|n| *n > 0));
+        (shared && !owners.contains_key("-"))
+            .then_some(())
+            .ok_or(format!("owners {owners:?}"))
+    }
+}
+
 /// Every object owned by one of `live`.
 fn owned_by<'a>(live: &'a [&'a str]) -> impl Fn(&[DynamicObject]) -> Result<(), String> + 'a {
     move |objects| {
@@ -636,17 +636,10 @@ async fn a_killed_or_frozen_replicas_objects_move_and_no_object_is_handled_by_tw
     }
     ring.create(count).await;
     let changing = ring.keep_changing(count);
-    ring.until("every replica owning objects", |objects| {
-        let owners = owners(objects);
-        let shared = ["r1", "r2", "r3"]
-            .iter()
-            .all(|r| owners.get(*r).is_some_and(|n| *n > 0));
-        if shared && !owners.contains_key("-") {
-            Ok(())
-        } else {
-            Err(format!("owners {owners:?}"))
-        }
-    })
+    ring.until(
+        "every replica owning objects",
+        shared_by(&["r1", "r2", "r3"]),
+    )
     .await;
 
     // SIGKILL: its objects are owned by the others once the assigner has taken its Lease over.
@@ -850,16 +843,8 @@ async fn a_partitioned_replica_pauses_before_its_lease_expires_and_rejoins_witho
     ring.join_through("r3", &kubeconfig);
     ring.create(count).await;
     let changing = ring.keep_changing(count);
-    let shared = |objects: &[DynamicObject]| {
-        let owners = owners(objects);
-        (["r1", "r2", "r3"]
-            .iter()
-            .all(|r| owners.get(*r).is_some_and(|n| *n > 0))
-            && !owners.contains_key("-"))
-        .then_some(())
-        .ok_or(format!("owners {owners:?}"))
-    };
-    ring.until("every replica owning objects", shared).await;
+    let shared = || shared_by(&["r1", "r2", "r3"]);
+    ring.until("every replica owning objects", shared()).await;
 
     // Cut off: it pauses by its renew deadline, its objects move once its lease expired.
     let cut = monotonic();
@@ -873,7 +858,7 @@ async fn a_partitioned_replica_pauses_before_its_lease_expires_and_rejoins_witho
     );
     // Healed: it rejoins under a fresh Lease and gets objects again.
     proxy.heal();
-    ring.until("every replica owning objects again", shared)
+    ring.until("every replica owning objects again", shared())
         .await;
     changing.abort();
     ring.until("every change handled", settled(&["r1", "r2", "r3"]))
@@ -907,16 +892,8 @@ mod emulator_only {
         }
         ring.create(count).await;
         let changing = ring.keep_changing(count);
-        let shared = |objects: &[DynamicObject]| {
-            let owners = owners(objects);
-            (["r1", "r2", "r3"]
-                .iter()
-                .all(|r| owners.get(*r).is_some_and(|n| *n > 0))
-                && !owners.contains_key("-"))
-            .then_some(())
-            .ok_or(format!("owners {owners:?}"))
-        };
-        ring.until("every replica owning objects", shared).await;
+        let shared = || shared_by(&["r1", "r2", "r3"]);
+        ring.until("every replica owning objects", shared()).await;
 
         let cut = monotonic();
         let faults = ring.cluster.faults();
@@ -932,7 +909,7 @@ mod emulator_only {
             .await;
         let moved = monotonic();
         faults.reset();
-        ring.until("every replica owning objects again", shared)
+        ring.until("every replica owning objects again", shared())
             .await;
         changing.abort();
         ring.until("every change handled", settled(&["r1", "r2", "r3"]))

@@ -41,14 +41,9 @@ impl Coordination {
             // The member pauses the operator as it is made, until it has joined the ring.
             let member = Member::new(client.clone(), ring.clone(), operator.switch.clone());
             // kactor_shard_member{ring}: 0 from the start, then every change.
-            let mut joined = member.joined();
             let (told, name) = (observer.clone(), ring.ring.clone());
-            told.shard_member(&name, false);
-            tasks.push(tokio::spawn(async move {
-                while joined.changed().await.is_ok() {
-                    let now = *joined.borrow_and_update();
-                    told.shard_member(&name, now);
-                }
+            tasks.push(follow(member.joined(), move |joined| {
+                told.shard_member(&name, joined);
             }));
             let stopped = until_stopped();
             tasks.push(tokio::spawn(async move {
@@ -60,44 +55,15 @@ impl Coordination {
             let lease = LeaseSettings::new(&ring.ring, &ring.namespace, &ring.identity)
                 .with_timings(ring.lease_duration, ring.renew_deadline, ring.retry_period)?;
             let elector = LeaderElector::new(client.clone(), lease, PauseSwitch::new());
-            let mut leading = elector.is_leader();
-            assigns = Some(leading.clone());
-            let (observer, name) = (observer.clone(), ring.ring.clone());
-            observer.leadership(&name, false);
-            tasks.push(tokio::spawn(async move {
-                while leading.changed().await.is_ok() {
-                    let now = *leading.borrow_and_update();
-                    observer.leadership(&name, now);
-                }
-            }));
-            let stopped = until_stopped();
-            tasks.push(tokio::spawn(async move {
-                if let Err(error) = elector.run(stopped).await {
-                    tracing::error!(%error, "the assigner's election stopped");
-                }
-            }));
+            assigns = Some(elector.is_leader());
+            tasks.extend(elect(elector, &ring.ring, observer, until_stopped()));
         }
         if let Some(lease) = &operator.leader_election {
             lease.validate()?;
             // The elector pauses the operator as it is made, before anything could be watched.
             let elector =
                 LeaderElector::new(client.clone(), lease.clone(), operator.switch.clone());
-            // leader_election_master_status{name}: 0 from the start, then every change.
-            let mut leading = elector.is_leader();
-            let (observer, name) = (observer.clone(), lease.name.clone());
-            observer.leadership(&name, false);
-            tasks.push(tokio::spawn(async move {
-                while leading.changed().await.is_ok() {
-                    let now = *leading.borrow_and_update();
-                    observer.leadership(&name, now);
-                }
-            }));
-            let stopped = until_stopped();
-            tasks.push(tokio::spawn(async move {
-                if let Err(error) = elector.run(stopped).await {
-                    tracing::error!(%error, "leader election stopped");
-                }
-            }));
+            tasks.extend(elect(elector, &lease.name, observer, until_stopped()));
         }
         if operator.peering.mode != PeeringMode::Standalone {
             let mut settings = operator.peering.clone();
@@ -191,4 +157,37 @@ async fn report_ring(
         }
         told = now;
     }
+}
+
+/// Runs `elector` until `stopped`, with `leader_election_master_status{name}` at 0 from the start,
+/// then every change: the tasks.
+fn elect(
+    elector: LeaderElector,
+    name: &str,
+    observer: &Arc<dyn Observer>,
+    stopped: impl Future<Output = ()> + Send + 'static,
+) -> [tokio::task::JoinHandle<()>; 2] {
+    let (told, name) = (observer.clone(), name.to_string());
+    let leadership = follow(elector.is_leader(), move |leading| {
+        told.leadership(&name, leading);
+    });
+    let running = tokio::spawn(async move {
+        if let Err(error) = elector.run(stopped).await {
+            tracing::error!(%error, "leader election stopped");
+        }
+    });
+    [leadership, running]
+}
+
+/// Tells `tell` the value of `flag` now, then every change of it, until its sender goes.
+fn follow(
+    mut flag: tokio::sync::watch::Receiver<bool>,
+    tell: impl Fn(bool) + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    tell(*flag.borrow_and_update());
+    tokio::spawn(async move {
+        while flag.changed().await.is_ok() {
+            tell(*flag.borrow_and_update());
+        }
+    })
 }

@@ -185,3 +185,27 @@ pub async fn eventually(what: &str, check: impl Fn() -> bool) {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
+
+/// A handler call of a sharded operator: which object, which replica, and when.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call<T> {
+    pub uid: String,
+    pub replica: String,
+    pub start: T,
+    pub end: T,
+}
+
+/// The pairs of calls for one object, by two replicas, that overlap in time: what sharding must
+/// never let happen.
+pub fn overlaps<T: Ord + Copy>(mut calls: Vec<Call<T>>) -> Vec<(Call<T>, Call<T>)> {
+    calls.sort_by(|a, b| (&a.uid, a.start).cmp(&(&b.uid, b.start)));
+    let mut overlaps = Vec::new();
+    for (i, a) in calls.iter().enumerate() {
+        for b in calls[i + 1..].iter().take_while(|b| b.uid == a.uid) {
+            if b.replica != a.replica && b.start < a.end {
+                overlaps.push((a.clone(), b.clone()));
+            }
+        }
+    }
+    overlaps
+}

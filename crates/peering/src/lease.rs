@@ -11,8 +11,13 @@ use std::future::Future;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kactor_reactor::pausing::PauseSwitch;
+
+use crate::leases::{
+    check_timings, duration_seconds, hold, holder, is_conflict, is_not_found, micro_now, released,
+    Observed, TimingFault,
+};
 use kube::api::{Api, PostParams};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -163,27 +168,28 @@ impl LeaseSettings {
         if self.identity.is_empty() {
             return Err(LeaseError::NoIdentity { lease });
         }
-        let whole_seconds = self.lease_duration.subsec_nanos() == 0
-            && (1..=i32::MAX as u64).contains(&self.lease_duration.as_secs());
-        if !whole_seconds {
-            return Err(LeaseError::LeaseDuration {
-                lease,
-                lease_duration: self.lease_duration,
-            });
-        }
-        if self.renew_deadline >= self.lease_duration {
-            return Err(LeaseError::RenewDeadline {
-                lease,
-                renew_deadline: self.renew_deadline,
-                lease_duration: self.lease_duration,
-            });
-        }
-        if self.retry_period.is_zero() || self.retry_period >= self.renew_deadline {
-            return Err(LeaseError::RetryPeriod {
-                lease,
-                retry_period: self.retry_period,
-                renew_deadline: self.renew_deadline,
-            });
+        match check_timings(self.lease_duration, self.renew_deadline, self.retry_period) {
+            Ok(()) => {}
+            Err(TimingFault::LeaseDuration) => {
+                return Err(LeaseError::LeaseDuration {
+                    lease,
+                    lease_duration: self.lease_duration,
+                })
+            }
+            Err(TimingFault::RenewDeadline) => {
+                return Err(LeaseError::RenewDeadline {
+                    lease,
+                    renew_deadline: self.renew_deadline,
+                    lease_duration: self.lease_duration,
+                })
+            }
+            Err(TimingFault::RetryPeriod) => {
+                return Err(LeaseError::RetryPeriod {
+                    lease,
+                    retry_period: self.retry_period,
+                    renew_deadline: self.renew_deadline,
+                })
+            }
         }
         Ok(())
     }
@@ -195,7 +201,7 @@ impl LeaseSettings {
 
     /// `leaseDurationSeconds`; [`LeaseSettings::validate`] has made sure it fits.
     fn lease_duration_seconds(&self) -> i32 {
-        i32::try_from(self.lease_duration.as_secs()).unwrap_or(i32::MAX)
+        duration_seconds(self.lease_duration)
     }
 
     /// How long one attempt (a read and a write) may take: half the renew deadline, as controller-runtime
@@ -332,44 +338,6 @@ enum State {
     Released,
 }
 
-/// A lease as a standby candidate last saw it.
-#[derive(Debug, Clone)]
-struct Observed {
-    spec: LeaseSpec,
-    /// When we first saw `spec` as it is (client-go's `observedTime`): a renewal changes `renewTime`,
-    /// so an unchanged spec means no renewal since then, whatever the holder's clock says.
-    since: Instant,
-}
-
-impl Observed {
-    /// What we know after reading `spec` at `now`: the time of the earlier observation if it is unchanged.
-    fn see(previous: Option<&Observed>, spec: LeaseSpec, now: Instant) -> Observed {
-        match previous {
-            Some(previous) if previous.spec == spec => Observed {
-                spec,
-                since: previous.since,
-            },
-            _ => Observed { spec, since: now },
-        }
-    }
-
-    /// The holder, if there is one (a released lease has an empty or no holder).
-    fn holder(&self) -> Option<&str> {
-        holder(&self.spec)
-    }
-
-    /// When others may take it over. A lease without a duration gets ours, to be safe.
-    fn expires_at(&self, fallback: Duration) -> Instant {
-        let duration = self
-            .spec
-            .lease_duration_seconds
-            .map_or(fallback, |seconds| {
-                Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
-            });
-        self.since + duration
-    }
-}
-
 /// How a renewal went.
 enum Renewal {
     /// The lease is ours for another term: the object written, and when the write was sent.
@@ -399,26 +367,19 @@ impl Drop for Campaign {
 impl Campaign {
     async fn run(&self, stop: impl Future<Output = ()>) {
         self.stand_by(not_yet(&self.label));
-        let mut stop = std::pin::pin!(stop);
-        let mut state = State::Standby { observed: None };
-        // Whether `stop` interrupted a request, which may have made (or kept) us the holder unseen.
-        let in_flight = loop {
-            let started = Instant::now();
-            tokio::select! {
-                biased;
-                () = &mut stop => break true,
-                next = self.step(state.clone()) => state = next,
-            }
-            let mut wake = started + self.settings.retry_period;
-            if let State::Leading { renewed_at, .. } = &state {
-                wake = wake.min(*renewed_at + self.settings.renew_deadline);
-            }
-            tokio::select! {
-                biased;
-                () = &mut stop => break false,
-                () = tokio::time::sleep_until(wake) => {}
-            }
-        };
+        let (state, in_flight) = hold(
+            stop,
+            State::Standby { observed: None },
+            self.settings.retry_period,
+            |state| self.step(state),
+            |state| match state {
+                State::Leading { renewed_at, .. } => {
+                    Some(*renewed_at + self.settings.renew_deadline)
+                }
+                _ => None,
+            },
+        )
+        .await;
         self.stand_by(stopped(&self.label));
         let state = self.release(&state, in_flight).await;
         tracing::debug!(lease = %self.label, ?state, "leader election stopped");
@@ -655,7 +616,11 @@ impl Campaign {
         let name = &self.settings.name;
         let params = PostParams::default();
         if let Some(lease) = known {
-            match self.api.replace(name, &params, &released(lease)).await {
+            match self
+                .api
+                .replace(name, &params, &released(lease, None))
+                .await
+            {
                 Ok(_) => return Ok(true),
                 // Stale, gone or failed: look at the lease as it is, once.
                 Err(error) => {
@@ -669,7 +634,9 @@ impl Campaign {
         if current.spec.as_ref().and_then(holder) != Some(self.settings.identity.as_str()) {
             return Ok(false);
         }
-        self.api.replace(name, &params, &released(&current)).await?;
+        self.api
+            .replace(name, &params, &released(&current, None))
+            .await?;
         Ok(true)
     }
 
@@ -725,42 +692,12 @@ impl Campaign {
     }
 }
 
-/// `lease` given up: no holder, and a 1 s duration for clients that ignore an empty holder (as client-go).
-fn released(lease: &Lease) -> Lease {
-    let now = micro_now();
-    let mut lease = lease.clone();
-    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-    spec.holder_identity = None;
-    spec.lease_duration_seconds = Some(1);
-    spec.acquire_time = Some(now.clone());
-    spec.renew_time = Some(now);
-    lease
-}
-
-fn holder(spec: &LeaseSpec) -> Option<&str> {
-    spec.holder_identity.as_deref().filter(|h| !h.is_empty())
-}
-
-/// Now, written with microseconds (`2025-01-02T03:04:05.678901Z`) as `MicroTime` is.
-fn micro_now() -> MicroTime {
-    MicroTime(jiff::Timestamp::now())
-}
-
 fn stopped(label: &str) -> String {
     format!("not the leader: leader election for lease {label} stopped")
 }
 
 fn not_yet(label: &str) -> String {
     format!("not the leader yet: lease {label} is not acquired yet")
-}
-
-/// 409: Conflict on a write with a stale resourceVersion, AlreadyExists on a create.
-fn is_conflict(error: &kube::Error) -> bool {
-    matches!(error, kube::Error::Api(status) if status.code == 409)
-}
-
-fn is_not_found(error: &kube::Error) -> bool {
-    matches!(error, kube::Error::Api(status) if status.code == 404)
 }
 
 #[cfg(test)]
@@ -827,7 +764,9 @@ mod tests {
         let spec = |renewed: &str| LeaseSpec {
             holder_identity: Some("other".into()),
             lease_duration_seconds: Some(15),
-            renew_time: Some(MicroTime(renewed.parse().unwrap_or_default())),
+            renew_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                renewed.parse().unwrap_or_default(),
+            )),
             ..LeaseSpec::default()
         };
         let first = Observed::see(None, spec("2020-01-01T00:00:00Z"), start);

@@ -4,5 +4,6 @@
 //! Sharding ([`sharding`]) splits one resource's objects among replicas by Leases and labels.
 
 pub mod lease;
+mod leases;
 pub mod peering;
 pub mod sharding;

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use futures::{stream, StreamExt};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kactor_reactor::pausing::PauseSwitch;
 use kactor_reactor::settings::{Networking, Watching};
 use kactor_reactor::sharding::{drain_label, is_label_name, shard_label, DRAINING, RING_LABEL};
@@ -36,6 +36,11 @@ use kube::api::{
 use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::Instant;
+
+use crate::leases::{
+    check_timings, duration_seconds, hold, holder, is_conflict, is_not_found, micro_now, released,
+    Observed, TimingFault,
+};
 
 /// The [`PauseSwitch`] toggle that a [`Member`] holds on while this replica is not a member of its
 /// ring (its Lease not renewed in time, taken over, or not acquired yet).
@@ -267,27 +272,28 @@ impl RingSettings {
         if self.namespace.is_empty() {
             return Err(RingError::NoNamespace { ring });
         }
-        let whole_seconds = self.lease_duration.subsec_nanos() == 0
-            && (1..=i32::MAX as u64).contains(&self.lease_duration.as_secs());
-        if !whole_seconds {
-            return Err(RingError::LeaseDuration {
-                ring,
-                lease_duration: self.lease_duration,
-            });
-        }
-        if self.renew_deadline >= self.lease_duration {
-            return Err(RingError::RenewDeadline {
-                ring,
-                renew_deadline: self.renew_deadline,
-                lease_duration: self.lease_duration,
-            });
-        }
-        if self.retry_period.is_zero() || self.retry_period >= self.renew_deadline {
-            return Err(RingError::RetryPeriod {
-                ring,
-                retry_period: self.retry_period,
-                renew_deadline: self.renew_deadline,
-            });
+        match check_timings(self.lease_duration, self.renew_deadline, self.retry_period) {
+            Ok(()) => {}
+            Err(TimingFault::LeaseDuration) => {
+                return Err(RingError::LeaseDuration {
+                    ring,
+                    lease_duration: self.lease_duration,
+                })
+            }
+            Err(TimingFault::RenewDeadline) => {
+                return Err(RingError::RenewDeadline {
+                    ring,
+                    renew_deadline: self.renew_deadline,
+                    lease_duration: self.lease_duration,
+                })
+            }
+            Err(TimingFault::RetryPeriod) => {
+                return Err(RingError::RetryPeriod {
+                    ring,
+                    retry_period: self.retry_period,
+                    renew_deadline: self.renew_deadline,
+                })
+            }
         }
         if self.resync_period.is_zero() {
             return Err(RingError::ResyncPeriod { ring });
@@ -310,7 +316,7 @@ impl RingSettings {
 
     /// `leaseDurationSeconds`; [`RingSettings::validate`] has made sure it fits.
     fn lease_duration_seconds(&self) -> i32 {
-        i32::try_from(self.lease_duration.as_secs()).unwrap_or(i32::MAX)
+        duration_seconds(self.lease_duration)
     }
 
     /// How long one attempt (a read and a write) may take: half the renew deadline, as leader
@@ -556,26 +562,19 @@ impl Drop for Membership {
 impl Membership {
     async fn run(&self, stop: impl Future<Output = ()>) {
         self.leave(not_joined_yet(&self.settings));
-        let mut stop = std::pin::pin!(stop);
-        let mut phase = Phase::Outside;
-        // Whether `stop` interrupted a request, which may have made (or kept) us the holder unseen.
-        let in_flight = loop {
-            let started = Instant::now();
-            tokio::select! {
-                biased;
-                () = &mut stop => break true,
-                next = self.step(phase.clone()) => phase = next,
-            }
-            let mut wake = started + self.settings.retry_period;
-            if let Phase::Joined { renewed_at, .. } = &phase {
-                wake = wake.min(*renewed_at + self.settings.renew_deadline);
-            }
-            tokio::select! {
-                biased;
-                () = &mut stop => break false,
-                () = tokio::time::sleep_until(wake) => {}
-            }
-        };
+        let (phase, in_flight) = hold(
+            stop,
+            Phase::Outside,
+            self.settings.retry_period,
+            |phase| self.step(phase),
+            |phase| match phase {
+                Phase::Joined { renewed_at, .. } => {
+                    Some(*renewed_at + self.settings.renew_deadline)
+                }
+                _ => None,
+            },
+        )
+        .await;
         self.leave(stopped(&self.settings));
         self.release(&phase, in_flight).await;
         tracing::debug!(lease = %self.label, "ring membership stopped");
@@ -784,7 +783,11 @@ impl Membership {
         let name = self.settings.lease_name();
         let params = writes(MEMBER_FIELD_MANAGER);
         if let Some(lease) = known {
-            match self.api.replace(&name, &params, &released(lease)).await {
+            match self
+                .api
+                .replace(&name, &params, &released(lease, Some(String::new())))
+                .await
+            {
                 Ok(_) => return Ok(true),
                 Err(error) => {
                     tracing::debug!(lease = %self.label, %error, "releasing the member lease as last renewed failed; reading it")
@@ -798,7 +801,7 @@ impl Membership {
             return Ok(false);
         }
         self.api
-            .replace(&name, &params, &released(&current))
+            .replace(&name, &params, &released(&current, Some(String::new())))
             .await?;
         Ok(true)
     }
@@ -854,18 +857,6 @@ impl Membership {
     }
 }
 
-/// `lease` given up: an empty holder ("this member stopped all work"), and a 1 s duration for
-/// clients that ignore an empty holder.
-fn released(lease: &Lease) -> Lease {
-    let now = micro_now();
-    let mut lease = lease.clone();
-    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-    spec.holder_identity = Some(String::new());
-    spec.lease_duration_seconds = Some(1);
-    spec.renew_time = Some(now);
-    lease
-}
-
 fn not_joined_yet(settings: &RingSettings) -> String {
     format!(
         "not a member of ring {} yet: lease {} is not held yet",
@@ -908,29 +899,6 @@ impl MemberState {
     }
 }
 
-/// A Lease as the assigner last saw it, and since when it has looked like that.
-#[derive(Debug, Clone)]
-struct Observed {
-    spec: LeaseSpec,
-    /// When we first saw `spec` as it is (client-go's `observedTime`): a renewal changes `renewTime`,
-    /// so an unchanged spec means no renewal since then, whatever the member's clock says.
-    since: Instant,
-}
-
-impl Observed {
-    /// What we know after reading `spec` at `now`: the time of the earlier observation if it is
-    /// unchanged; a Lease first seen counts as just changed.
-    fn see(previous: Option<&Observed>, spec: LeaseSpec, now: Instant) -> Observed {
-        match previous {
-            Some(previous) if previous.spec == spec => Observed {
-                spec,
-                since: previous.since,
-            },
-            _ => Observed { spec, since: now },
-        }
-    }
-}
-
 /// The state of `member`'s Lease, `observed` as it is since `observed.since`, at `now`. A Lease
 /// without a duration gets `fallback` (ours). A holder that is neither the member, nor empty, nor
 /// an assigner (nobody but the member and the assigner should write it) counts as the member's own:
@@ -948,13 +916,7 @@ fn member_state(
             if holder != member {
                 tracing::debug!(member, holder, "a member lease with a foreign holder");
             }
-            let duration = observed
-                .spec
-                .lease_duration_seconds
-                .map_or(fallback, |seconds| {
-                    Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
-                });
-            if now < observed.since + duration {
+            if now < observed.expires_at(fallback) {
                 MemberState::Ready
             } else {
                 MemberState::Expired
@@ -1796,24 +1758,6 @@ fn to_move(metadata: ObjectMeta, action: Action) -> Option<Move> {
     })
 }
 
-fn holder(spec: &LeaseSpec) -> Option<&str> {
-    spec.holder_identity.as_deref().filter(|h| !h.is_empty())
-}
-
-/// Now, written with microseconds as `MicroTime` is.
-fn micro_now() -> MicroTime {
-    MicroTime(jiff::Timestamp::now())
-}
-
-/// 409: Conflict on a write with a stale resourceVersion, AlreadyExists on a create.
-fn is_conflict(error: &kube::Error) -> bool {
-    matches!(error, kube::Error::Api(status) if status.code == 409)
-}
-
-fn is_not_found(error: &kube::Error) -> bool {
-    matches!(error, kube::Error::Api(status) if status.code == 404)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2009,7 +1953,9 @@ mod tests {
         LeaseSpec {
             holder_identity: holder.map(str::to_string),
             lease_duration_seconds: duration,
-            renew_time: Some(MicroTime(renewed.parse().unwrap_or_default())),
+            renew_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                renewed.parse().unwrap_or_default(),
+            )),
             ..LeaseSpec::default()
         }
     }

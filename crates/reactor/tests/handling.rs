@@ -19,7 +19,8 @@ mod emulator_only {
     };
     use kactor_reactor::posting::EventPoster;
     use kactor_reactor::processing::{
-        Clock, Cycle, DaemonsView, Event, Next, ObjectMemory, ProcessingError, Processor, Written,
+        Clock, Cycle, DaemonsView, Event, Next, ObjectMemory, ProcessingError, Processor,
+        SpawnDecision, Written,
     };
     use kactor_reactor::reconcile::{reconcile_fn, Action, Predicate, Reconcile, ReconcileHandler};
     use kactor_reactor::resources::{Resource, Selector};
@@ -246,6 +247,16 @@ mod emulator_only {
         )
         // A whole second: the stored timestamps (microseconds) are exact.
         .with_clock(Clock::tokio(Timestamp::from_second(1_800_000_000).unwrap()))
+    }
+
+    /// A view of the object's daemons (still running if `blocking`) that records each decision.
+    fn recording(decided: &Arc<Mutex<Vec<SpawnDecision>>>, blocking: bool) -> DaemonsView {
+        let decided = decided.clone();
+        DaemonsView {
+            excluded: Arc::default(),
+            blocking,
+            decide: Box::new(move |decision| decided.lock().unwrap().push(decision)),
+        }
     }
 
     /// The essence of a widget of this size, as stored and as handlers see it.
@@ -622,14 +633,7 @@ mod emulator_only {
             .await
             .unwrap();
         let decided = Arc::new(Mutex::new(Vec::new()));
-        let view = |blocking: bool| {
-            let decided = decided.clone();
-            DaemonsView {
-                excluded: Arc::default(),
-                blocking,
-                decide: Box::new(move |decision| decided.lock().unwrap().push(decision)),
-            }
-        };
+        let view = |blocking: bool| recording(&decided, blocking);
 
         let deleting = handling.get().await.unwrap();
         let cycle = handling
@@ -738,14 +742,7 @@ mod emulator_only {
 
         // The handover: the daemons stop first, and the cycle waits for them.
         let decided = Arc::new(Mutex::new(Vec::new()));
-        let view = |blocking: bool| {
-            let decided = decided.clone();
-            DaemonsView {
-                excluded: Arc::default(),
-                blocking,
-                decide: Box::new(move |decision| decided.lock().unwrap().push(decision)),
-            }
-        };
+        let view = |blocking: bool| recording(&decided, blocking);
         let draining = handling.get().await.unwrap();
         let cycle = handling
             .cycle_on(

@@ -371,28 +371,17 @@ pub async fn apply(
         }
     }
 
-    if !changes.fns.is_empty() {
-        let fresh = applied.body.as_ref().unwrap_or(body);
-        match transform(&api, &name, fresh, &changes.fns, has_status, backoffs, &[]).await {
-            Ok(Some(object)) => applied.advance(object),
-            Ok(None) => {}
-            Err(error) if is_not_found(&error) => {
-                applied.gone = true;
-                return Ok(applied);
-            }
-            Err(error) if is_conflict(&error) => {
-                tracing::debug!(%error, "the object changed meanwhile; the transformations are retried on the next body");
-                applied.remaining = changes.fns;
-            }
-            Err(source) => {
-                return Err(ApplyError::Api {
-                    what: "the object (JSON patch)",
-                    source,
-                })
-            }
-        }
-    }
-
+    transform_into(
+        &mut applied,
+        &api,
+        &name,
+        body,
+        changes.fns,
+        has_status,
+        backoffs,
+        &[],
+    )
+    .await?;
     applied.released = is_released(applied.body.as_ref());
     Ok(applied)
 }
@@ -448,27 +437,55 @@ async fn apply_fenced(
             }
         }
     }
-    if !changes.fns.is_empty() {
-        let fresh = applied.body.as_ref().unwrap_or(body);
-        match transform(api, name, fresh, &changes.fns, has_status, backoffs, &tests).await {
-            Ok(Some(object)) => applied.advance(object),
-            Ok(None) => {}
-            Err(error) if is_not_found(&error) => applied.gone = true,
-            Err(error) if is_conflict(&error) => {
-                // A conflict or the fence: the next cycle sees which, and tries again if ours.
-                tracing::debug!(%error, "the object changed meanwhile, or is no longer ours; the transformations are retried on the next body");
-                applied.remaining = changes.fns;
-            }
-            Err(source) => {
-                return Err(ApplyError::Api {
-                    what: "the object (JSON patch)",
-                    source,
-                })
-            }
-        }
-    }
+    transform_into(
+        &mut applied,
+        api,
+        name,
+        body,
+        changes.fns,
+        has_status,
+        backoffs,
+        &tests,
+    )
+    .await?;
     applied.released = is_released(applied.body.as_ref());
     Ok(applied)
+}
+
+/// The transformations, on the object as our last request left it (else `body`), after `fence`'s
+/// tests if any: what they wrote goes into `applied`. A conflict (the object changed, or the fence)
+/// keeps them for the next cycle, on the next body; a 404 marks the object gone.
+#[allow(clippy::too_many_arguments)]
+async fn transform_into(
+    applied: &mut Applied,
+    api: &Api<Slim>,
+    name: &str,
+    body: &DynamicObject,
+    fns: Vec<PatchFn>,
+    has_status: bool,
+    backoffs: &[Duration],
+    fence: &[json_patch::PatchOperation],
+) -> Result<(), ApplyError> {
+    if fns.is_empty() || applied.gone {
+        return Ok(());
+    }
+    let fresh = applied.body.as_ref().unwrap_or(body);
+    match transform(api, name, fresh, &fns, has_status, backoffs, fence).await {
+        Ok(Some(object)) => applied.advance(object),
+        Ok(None) => {}
+        Err(error) if is_not_found(&error) => applied.gone = true,
+        Err(error) if is_conflict(&error) => {
+            tracing::debug!(%error, "the object changed meanwhile (or, sharded, is no longer ours); the transformations are retried on the next body");
+            applied.remaining = fns;
+        }
+        Err(source) => {
+            return Err(ApplyError::Api {
+                what: "the object (JSON patch)",
+                source,
+            })
+        }
+    }
+    Ok(())
 }
 
 /// Whether the object, as our last request left it, is about to vanish: its deletion is requested
