@@ -297,6 +297,9 @@ pub struct ObjectWorker {
     recheck: bool,
     /// The wake for a reconcile handler's requeue or retry.
     wake: Option<SpawnHandle>,
+    /// Sharding: set when an event shows the object no longer this replica's (or being handed
+    /// over), read by the running cycle before each handler it starts. None when not sharded.
+    departing: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl ObjectWorker {
@@ -310,6 +313,7 @@ impl ObjectWorker {
         shared: Arc<WorkerShared>,
     ) -> Self {
         let superseded = std::mem::take(&mut memory.superseded);
+        let departing = shared.processor.settings.shard.is_some().then(Arc::default);
         ObjectWorker {
             key,
             number,
@@ -330,6 +334,7 @@ impl ObjectWorker {
             daemons: None,
             recheck: false,
             wake: None,
+            departing,
         }
     }
 
@@ -588,6 +593,7 @@ impl ObjectWorker {
             synthetic: event.synthetic,
             // Taken by this cycle: a rerun of the same event has none of them.
             triggers: std::mem::take(&mut event.triggers),
+            departing: self.departing.clone(),
         };
         // Given back when this cycle ends; a rerun of the same event is not a listed object's first.
         let admission = event.admission.take();
@@ -704,6 +710,13 @@ impl Handler<Deliver> for ObjectWorker {
             return;
         }
         self.observe(&event, ctx);
+        if let (Some(departing), Some(shard)) =
+            (&self.departing, &self.shared.processor.settings.shard)
+        {
+            // The cycle under way (if any) starts no more handlers once the object leaves us.
+            let leaving = shard.standing(&event.body) != kactor_reactor::sharding::Standing::Mine;
+            departing.store(leaving, std::sync::atomic::Ordering::Release);
+        }
         if let Some((expected, _)) = &self.expected {
             if event.body.metadata.resource_version.as_deref() == Some(expected.as_str()) {
                 self.expected = None;

@@ -53,6 +53,9 @@ pub const MEMBER_LABEL: &str = "kactor.dev/member";
 /// `assigner/<the assigner's identity>`.
 pub const ASSIGNER_PREFIX: &str = "assigner/";
 
+/// How many objects one page of a resync's list holds.
+const RESYNC_PAGE: u32 = 500;
+
 /// The field manager of a member's writes to its Lease (as the Lease's `managedFields` show it).
 pub const MEMBER_FIELD_MANAGER: &str = "kactor-ring-member";
 
@@ -1271,6 +1274,18 @@ struct Tally {
 }
 
 impl Tally {
+    /// Adds another batch's counts.
+    fn merge(&mut self, other: Tally) {
+        self.assigned += other.assigned;
+        self.relabelled += other.relabelled;
+        self.drained += other.drained;
+        self.conflicts += other.conflicts;
+        self.failed += other.failed;
+        for (owner, moved) in other.moved_from {
+            *self.moved_from.entry(owner).or_default() += moved;
+        }
+    }
+
     fn add(&mut self, outcome: Outcome) {
         match outcome {
             Outcome::Done(Action::Assign { .. }) => self.assigned += 1,
@@ -1320,6 +1335,19 @@ impl<'r> Term<'r> {
             if changes.wait_for(Option::is_some).await.is_err() {
                 return;
             }
+            // The ring forms: replicas started together create their Leases moments apart. The
+            // first assignment waits until a look at the Leases changed nothing (the membership is
+            // published only when it changes), so that it does not give every object to the first
+            // members seen and drain most of them back at once.
+            let settle = self.settings().retry_period * 2;
+            loop {
+                match tokio::time::timeout(settle, changes.changed()).await {
+                    Ok(Ok(())) => continue,
+                    Ok(Err(_)) => return,
+                    Err(_settled) => break,
+                }
+            }
+            changes.borrow_and_update();
             self.resync().await;
             let watches = futures::future::join_all(
                 self.ring
@@ -1544,31 +1572,44 @@ impl<'r> Term<'r> {
             target.namespace.as_deref(),
             &target.resource,
         );
-        let list = api
-            .list_metadata(&ListParams::default().match_any())
-            .await?;
         let mut owners: BTreeMap<String, usize> = BTreeMap::new();
-        let mut moves = Vec::new();
-        for object in list.items {
-            let metadata = object.metadata;
-            let labelled = self.ring.owner_of(&metadata);
-            if let Some(labelled) = labelled {
-                *owners.entry(labelled.to_string()).or_default() += 1;
+        let mut tally = Tally::default();
+        // Page by page, each page's moves written before the next is read: the assigner holds one
+        // page of metadata at a time, however many objects there are.
+        let mut params = ListParams::default().match_any().limit(RESYNC_PAGE);
+        loop {
+            let list = api.list_metadata(&params).await?;
+            let mut moves = Vec::new();
+            for object in list.items {
+                let metadata = object.metadata;
+                let labelled = self.ring.owner_of(&metadata);
+                if let Some(labelled) = labelled {
+                    *owners.entry(labelled.to_string()).or_default() += 1;
+                }
+                let pick = owner(self.ring.key(&metadata), &membership.live);
+                let action = decide(
+                    labelled,
+                    self.ring.draining(&metadata),
+                    metadata.deletion_timestamp.is_some(),
+                    pick,
+                    &membership.live,
+                    &membership.dead,
+                );
+                if let Some(action) = action {
+                    moves.extend(to_move(metadata, action));
+                }
             }
-            let pick = owner(self.ring.key(&metadata), &membership.live);
-            let action = decide(
-                labelled,
-                self.ring.draining(&metadata),
-                metadata.deletion_timestamp.is_some(),
-                pick,
-                &membership.live,
-                &membership.dead,
-            );
-            if let Some(action) = action {
-                moves.extend(to_move(metadata, action));
+            tally.merge(self.write_all(target, moves).await);
+            match list.metadata.continue_.filter(|token| !token.is_empty()) {
+                // The next pages come from the same snapshot, which the token names.
+                Some(token) => {
+                    params = ListParams::default()
+                        .limit(RESYNC_PAGE)
+                        .continue_token(&token)
+                }
+                None => break,
             }
         }
-        let tally = self.write_all(target, moves).await;
         for (owner, moved) in &tally.moved_from {
             if let Some(count) = owners.get_mut(owner) {
                 *count = count.saturating_sub(*moved);

@@ -787,6 +787,42 @@ async fn a_taken_over_member_waits_until_its_lease_is_deleted_before_it_rejoins(
 }
 
 #[tokio::test]
+async fn a_resync_pages_through_every_object_of_an_owner_gone_without_a_lease() {
+    // More than two pages of the resync's list (500 each), labelled for an owner that never had a
+    // Lease: only a resync moves them (the unlabelled watch does not see them), page by page.
+    const COUNT: usize = 1_100;
+    let cluster = TestCluster::start().await.unwrap();
+    create_namespace(&cluster).await;
+    create_configmaps(&cluster, 0, COUNT).await;
+    let patch = json!({"metadata": {"labels": {shard_label(RING): "ghost"}}});
+    futures::stream::iter(objects(&cluster).await)
+        .map(|object| {
+            let (api, patch) = (configmaps(&cluster), &patch);
+            async move {
+                api.patch(&object.name, &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                    .map(|_| ())
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await
+        .unwrap();
+    let member = Running::start(&cluster, "a");
+    member.wait_joined().await;
+    let assigner = Assigning::start(&cluster, "a", true);
+    let a = names(&["a"]);
+    eventually("every object moved from the ghost to a", || {
+        settled(&cluster, COUNT, &a)
+    })
+    .await;
+    let view = assigner.view();
+    assert_eq!(view.relabelled, COUNT as u64, "{view:?}");
+    assigner.stop().await;
+    member.stop().await;
+}
+
+#[tokio::test]
 async fn the_assigner_acts_only_while_it_leads() {
     const FIRST: usize = 40;
     const ALL: usize = 60;

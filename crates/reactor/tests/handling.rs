@@ -227,6 +227,7 @@ mod emulator_only {
                 daemons,
                 synthetic: false,
                 triggers: Triggers::default(),
+                departing: None,
             };
             self.processor.process(event, &mut self.memory).await
         }
@@ -791,6 +792,43 @@ mod emulator_only {
         assert!(seen.take().is_empty(), "a move is no change");
     }
 
+    /// Sharding: when a newer event shows the object leaving (the worker sets the flag), the cycle
+    /// starts no more handlers: they are the next owner's.
+    #[tokio::test(start_paused = true)]
+    async fn a_cycle_starts_no_handler_once_its_object_is_leaving() {
+        let seen = Seen::default();
+        let mut handling = Handling::new(vec![create(&seen)]).await;
+        let body = handling.create_widget(1).await;
+        let departing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let event = Event {
+            event_type: EventType::Added,
+            body: Arc::new(body),
+            memo: Memo::default(),
+            received: Instant::now(),
+            consistent: true,
+            daemons: None,
+            synthetic: false,
+            triggers: Triggers::default(),
+            departing: Some(departing.clone()),
+        };
+        handling
+            .processor
+            .process(event, &mut handling.memory)
+            .await
+            .unwrap();
+        assert!(seen.take().is_empty(), "no handler started");
+        let object = handling.get().await.unwrap();
+        assert!(
+            object.data["status"].get("create_fn").is_none(),
+            "{object:?}"
+        );
+
+        // Not leaving: the handler runs.
+        departing.store(false, std::sync::atomic::Ordering::Release);
+        handling.cycle(EventType::Modified).await;
+        assert_eq!(seen.take().len(), 1);
+    }
+
     /// An API failure that outlives the retries fails the cycle after exactly the backoffs
     /// (`networking.error_backoffs`); the worker throttles the object then. Nothing is lost: the
     /// next cycle runs the handler again and its result lands.
@@ -982,6 +1020,7 @@ mod emulator_only {
                 daemons: None,
                 synthetic: true,
                 triggers,
+                departing: None,
             };
             self.processor
                 .process(event, &mut self.memory)

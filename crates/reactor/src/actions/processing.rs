@@ -306,6 +306,9 @@ pub struct Event {
     pub synthetic: bool,
     /// What triggered reconcile handlers since the last cycle, besides the object's own change.
     pub triggers: Triggers,
+    /// Set by the worker when a newer event shows the object leaving this replica (sharding): the
+    /// cycle starts no more handlers (it checks before each), and its writes meet the fence.
+    pub departing: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// What a cycle needs to know of the object's daemons and timers, and where it says which should run.
@@ -602,7 +605,8 @@ impl Processor {
             event.received.into_std(),
         )
         .with_patch(patch.clone())
-        .with_events(self.poster.clone());
+        .with_events(self.poster.clone())
+        .with_departing(event.departing.clone());
         let base = match &self.caches {
             Some(caches) => base.with_caches(caches.clone()),
             None => base,
@@ -1566,6 +1570,12 @@ impl Steps {
                 },
                 None => None,
             };
+            if ctx.is_departing() {
+                // Sharding: checked again before each handler, after the wait for a slot. The
+                // handlers not started are the next owner's.
+                tracing::debug!(handler = %handler.id, "The object is leaving this replica: the handler is not started here.");
+                break;
+            }
             let own = Subrefs::default();
             let mut lineage = ancestors.to_vec();
             lineage.push(own.clone());

@@ -213,6 +213,9 @@ pub struct Ctx {
     caches: Option<Caches>,
     triggers: Option<Arc<Triggers>>,
     indexes: Option<Indexes>,
+    /// Set by the object's worker when a newer event shows the object no longer this replica's, or
+    /// being handed over (sharding): handlers not started yet are not started.
+    departing: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// What daemons and timers see beyond other handlers: the stop signal and the live body.
@@ -303,7 +306,22 @@ impl Ctx {
             caches: None,
             triggers: None,
             indexes: None,
+            departing: None,
         }
+    }
+
+    /// The same context, told by `flag` when the object leaves this replica (sharding).
+    pub fn with_departing(mut self, flag: Option<Arc<std::sync::atomic::AtomicBool>>) -> Self {
+        self.departing = flag;
+        self
+    }
+
+    /// Whether a newer event than this context's shows the object leaving this replica (sharding):
+    /// the cycle starts no more handlers.
+    pub(crate) fn is_departing(&self) -> bool {
+        self.departing
+            .as_ref()
+            .is_some_and(|flag| flag.load(std::sync::atomic::Ordering::Acquire))
     }
 
     /// The same context, for a daemon or timer: with its stop signal and the live body.
