@@ -299,7 +299,7 @@ pub struct ObjectWorker {
     wake: Option<SpawnHandle>,
     /// Sharding: set when an event shows the object no longer this replica's (or being handed
     /// over), read by the running cycle before each handler it starts. None when not sharded.
-    departing: Option<Arc<std::sync::atomic::AtomicBool>>,
+    departing: Option<Arc<kactor_reactor::sharding::Leaving>>,
 }
 
 impl ObjectWorker {
@@ -715,7 +715,7 @@ impl Handler<Deliver> for ObjectWorker {
         {
             // The cycle under way (if any) starts no more handlers once the object leaves us.
             let leaving = shard.standing(&event.body) != kactor_reactor::sharding::Standing::Mine;
-            departing.store(leaving, std::sync::atomic::Ordering::Release);
+            departing.set(leaving);
         }
         if let Some((expected, _)) = &self.expected {
             if event.body.metadata.resource_version.as_deref() == Some(expected.as_str()) {

@@ -799,7 +799,8 @@ mod emulator_only {
         let seen = Seen::default();
         let mut handling = Handling::new(vec![create(&seen)]).await;
         let body = handling.create_widget(1).await;
-        let departing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let departing = Arc::new(kactor_reactor::sharding::Leaving::default());
+        departing.set(true);
         let event = Event {
             event_type: EventType::Added,
             body: Arc::new(body),
@@ -824,9 +825,54 @@ mod emulator_only {
         );
 
         // Not leaving: the handler runs.
-        departing.store(false, std::sync::atomic::Ordering::Release);
+        departing.set(false);
         handling.cycle(EventType::Modified).await;
         assert_eq!(seen.take().len(), 1);
+    }
+
+    /// Sharding: a cycle waiting for a handler slot (every slot taken) when its object leaves starts
+    /// no handler, even once slots come free; it only writes what it has (behind the fence).
+    #[tokio::test(start_paused = true)]
+    async fn a_cycle_waiting_for_a_slot_stops_waiting_when_its_object_leaves() {
+        let seen = Seen::default();
+        let mut handling = Handling::new(vec![create(&seen)]).await;
+        let body = handling.create_widget(1).await;
+        let slots = handling
+            .processor
+            .limiter
+            .clone()
+            .acquire_many_owned(4)
+            .await
+            .unwrap();
+        let leaving = Arc::new(kactor_reactor::sharding::Leaving::default());
+        let event = Event {
+            event_type: EventType::Added,
+            body: Arc::new(body),
+            memo: Memo::default(),
+            received: Instant::now(),
+            consistent: true,
+            daemons: None,
+            synthetic: false,
+            triggers: Triggers::default(),
+            departing: Some(leaving.clone()),
+        };
+        let started = Instant::now();
+        let (cycle, ()) = tokio::join!(
+            handling.processor.process(event, &mut handling.memory),
+            async {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                leaving.set(true);
+                // The slots free up later: what the cycle writes waits for one, as every write.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                drop(slots);
+            }
+        );
+        cycle.unwrap();
+        assert_eq!(started.elapsed(), Duration::from_secs(4));
+        assert!(
+            seen.take().is_empty(),
+            "no handler started, though slots came free"
+        );
     }
 
     /// An API failure that outlives the retries fails the cycle after exactly the backoffs

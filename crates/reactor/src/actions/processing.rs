@@ -308,7 +308,7 @@ pub struct Event {
     pub triggers: Triggers,
     /// Set by the worker when a newer event shows the object leaving this replica (sharding): the
     /// cycle starts no more handlers (it checks before each), and its writes meet the fence.
-    pub departing: Option<Arc<std::sync::atomic::AtomicBool>>,
+    pub departing: Option<Arc<crate::structs::sharding::Leaving>>,
 }
 
 /// What a cycle needs to know of the object's daemons and timers, and where it says which should run.
@@ -1563,12 +1563,20 @@ impl Steps {
                 observer: &*self.observer,
                 active: true,
             };
-            let _permit = match limiter {
-                Some(limiter) => match limiter.acquire().await {
+            let _permit = match (limiter, ctx.departing()) {
+                (Some(limiter), Some(leaving)) => tokio::select! {
+                    biased;
+                    () = leaving.wait() => None,
+                    permit = limiter.acquire() => match permit {
+                        Ok(permit) => Some(permit),
+                        Err(_) => break,
+                    },
+                },
+                (Some(limiter), None) => match limiter.acquire().await {
                     Ok(permit) => Some(permit),
                     Err(_) => break,
                 },
-                None => None,
+                (None, _) => None,
             };
             if ctx.is_departing() {
                 // Sharding: checked again before each handler, after the wait for a slot. The

@@ -215,7 +215,7 @@ pub struct Ctx {
     indexes: Option<Indexes>,
     /// Set by the object's worker when a newer event shows the object no longer this replica's, or
     /// being handed over (sharding): handlers not started yet are not started.
-    departing: Option<Arc<std::sync::atomic::AtomicBool>>,
+    departing: Option<Arc<crate::structs::sharding::Leaving>>,
 }
 
 /// What daemons and timers see beyond other handlers: the stop signal and the live body.
@@ -311,7 +311,7 @@ impl Ctx {
     }
 
     /// The same context, told by `flag` when the object leaves this replica (sharding).
-    pub fn with_departing(mut self, flag: Option<Arc<std::sync::atomic::AtomicBool>>) -> Self {
+    pub fn with_departing(mut self, flag: Option<Arc<crate::structs::sharding::Leaving>>) -> Self {
         self.departing = flag;
         self
     }
@@ -319,9 +319,12 @@ impl Ctx {
     /// Whether a newer event than this context's shows the object leaving this replica (sharding):
     /// the cycle starts no more handlers.
     pub(crate) fn is_departing(&self) -> bool {
-        self.departing
-            .as_ref()
-            .is_some_and(|flag| flag.load(std::sync::atomic::Ordering::Acquire))
+        self.departing.as_ref().is_some_and(|flag| flag.is_set())
+    }
+
+    /// What says whether the object leaves this replica, when sharded.
+    pub(crate) fn departing(&self) -> Option<&crate::structs::sharding::Leaving> {
+        self.departing.as_deref()
     }
 
     /// The same context, for a daemon or timer: with its stop signal and the live body.

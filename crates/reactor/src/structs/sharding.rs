@@ -87,6 +87,44 @@ pub fn member_name(identity: &str) -> String {
     }
 }
 
+/// Whether an object is leaving this replica (sharding): set by its worker when a newer event shows
+/// another owner or the drain label, read by the cycle under way before each handler it starts,
+/// and awaited while that cycle waits for a handler slot, so that it stops waiting at once.
+#[derive(Debug, Default)]
+pub struct Leaving {
+    flag: std::sync::atomic::AtomicBool,
+    changed: tokio::sync::Notify,
+}
+
+impl Leaving {
+    /// Says whether the object is leaving now.
+    pub fn set(&self, leaving: bool) {
+        self.flag
+            .store(leaving, std::sync::atomic::Ordering::Release);
+        if leaving {
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// Whether the object is leaving.
+    pub fn is_set(&self) -> bool {
+        self.flag.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Completes once the object is leaving.
+    pub async fn wait(&self) {
+        loop {
+            let changed = self.changed.notified();
+            let mut changed = std::pin::pin!(changed);
+            changed.as_mut().enable();
+            if self.is_set() {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
 /// Where an object stands for this replica, by its labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Standing {
@@ -313,6 +351,22 @@ mod tests {
             .collect();
         json_patch::patch(&mut result, &ops).unwrap();
         result
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn leaving_wakes_whoever_waits_for_it() {
+        let leaving = std::sync::Arc::new(Leaving::default());
+        let waiting = tokio::spawn({
+            let leaving = leaving.clone();
+            async move { leaving.wait().await }
+        });
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        assert!(!waiting.is_finished() && !leaving.is_set());
+        leaving.set(true);
+        waiting.await.unwrap();
+        leaving.wait().await; // already set: at once
+        leaving.set(false);
+        assert!(!leaving.is_set());
     }
 
     #[test]
