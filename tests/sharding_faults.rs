@@ -76,6 +76,12 @@ fn objects_wanted() -> usize {
         .unwrap_or(120)
 }
 
+/// How often the test looks at the objects: every 100 ms, less often with thousands of objects
+/// (each look lists them all), so that the test's own reads do not load the machine it measures.
+fn poll() -> Duration {
+    Duration::from_millis((objects_wanted() as u64 / 20).max(100))
+}
+
 fn ring(replica: &str) -> RingSettings {
     let ring = RingSettings::new(RING, "default", replica)
         .with_timings(LEASE, Duration::from_secs(2), Duration::from_millis(300))
@@ -269,7 +275,10 @@ impl Ring {
                     self.file(replica, "calls").display()
                 ),
             )
-            .env("RUST_LOG", "warn,kactor_reactor::clients::patches=info")
+            .env(
+                "RUST_LOG",
+                "warn,kactor_reactor::clients::patches=info,kactor_peering::sharding=info",
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -336,12 +345,18 @@ impl Ring {
         }
     }
 
-    /// Changes some widgets' sizes every 200 ms until aborted.
+    /// Changes some widgets' sizes every 200 ms until aborted (at most 20 a round).
     fn keep_changing(&self, count: usize) -> tokio::task::JoinHandle<()> {
         let widgets = self.widgets.clone();
         tokio::spawn(async move {
             for round in 0usize.. {
-                let changed = (round % 11..count).step_by(11).map(|i| {
+                // At most 20 objects a round, spread over all of them: the same load (about 100
+                // changes/s) whatever the count, so that large runs measure the ring, not a
+                // machine saturated by the test's own writes.
+                let per_round = count.min(20);
+                let stride = count / per_round;
+                let changed = (0..per_round).map(|k| (k * stride + round % stride.max(1)) % count);
+                let changed = changed.map(|i| {
                     let widgets = widgets.clone();
                     async move {
                         let patch = json!({"spec": {"size": round % 7 + 1}});
@@ -371,7 +386,39 @@ impl Ring {
             if tokio::time::Instant::now() >= deadline {
                 fail_with_logs(self, format!("timed out waiting for {what}: {problem}"));
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(poll()).await;
+        }
+    }
+
+    /// [`Ring::until`] for checks of the labels alone: from metadata-only lists, which keep the
+    /// test's own load small with thousands of objects.
+    async fn until_labels(
+        &self,
+        what: &str,
+        check: impl Fn(&[DynamicObject]) -> Result<(), String>,
+    ) {
+        let deadline = tokio::time::Instant::now() + SETTLE;
+        loop {
+            let objects: Vec<DynamicObject> = self
+                .widgets
+                .list_metadata(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .map(|partial| DynamicObject {
+                    types: None,
+                    metadata: partial.metadata,
+                    data: Value::Null,
+                })
+                .collect();
+            let Err(problem) = check(&objects) else {
+                return;
+            };
+            if tokio::time::Instant::now() >= deadline {
+                fail_with_logs(self, format!("timed out waiting for {what}: {problem}"));
+            }
+            tokio::time::sleep(poll()).await;
         }
     }
 
@@ -636,7 +683,7 @@ async fn a_killed_or_frozen_replicas_objects_move_and_no_object_is_handled_by_tw
     }
     ring.create(count).await;
     let changing = ring.keep_changing(count);
-    ring.until(
+    ring.until_labels(
         "every replica owning objects",
         shared_by(&["r1", "r2", "r3"]),
     )
@@ -645,7 +692,7 @@ async fn a_killed_or_frozen_replicas_objects_move_and_no_object_is_handled_by_tw
     // SIGKILL: its objects are owned by the others once the assigner has taken its Lease over.
     let killed = tokio::time::Instant::now();
     ring.kill("r2").await;
-    ring.until("r2's objects owned by the others", owned_by(&["r1", "r3"]))
+    ring.until_labels("r2's objects owned by the others", owned_by(&["r1", "r3"]))
         .await;
     let moved = killed.elapsed();
     eprintln!(
@@ -659,7 +706,7 @@ async fn a_killed_or_frozen_replicas_objects_move_and_no_object_is_handled_by_tw
     );
     // Started again under the same name: it rejoins under a fresh Lease, and gets objects again.
     ring.join("r2");
-    ring.until("r2 owning objects again", |objects| {
+    ring.until_labels("r2 owning objects again", |objects| {
         let owners = owners(objects);
         owners
             .get("r2")
@@ -730,10 +777,11 @@ async fn scaling_and_a_rolling_update_move_objects_with_their_progress() {
     ring.join("r1");
     ring.create(count).await;
     let changing = ring.keep_changing(count);
-    ring.until("r1 owning everything", owned_by(&["r1"])).await;
+    ring.until_labels("r1 owning everything", owned_by(&["r1"]))
+        .await;
     // 1 → 2 → 4 → 2.
     ring.join("r2");
-    ring.until("r2 owning objects", |objects| {
+    ring.until_labels("r2 owning objects", |objects| {
         let owners = owners(objects);
         (owners.get("r2").is_some_and(|n| *n > 0) && owners.len() == 2)
             .then_some(())
@@ -742,7 +790,7 @@ async fn scaling_and_a_rolling_update_move_objects_with_their_progress() {
     .await;
     ring.join("r3");
     ring.join("r4");
-    ring.until("four sharing", |objects| {
+    ring.until_labels("four sharing", |objects| {
         let owners = owners(objects);
         (owners.len() == 4 && !owners.contains_key("-"))
             .then_some(())
@@ -751,16 +799,16 @@ async fn scaling_and_a_rolling_update_move_objects_with_their_progress() {
     .await;
     ring.terminate("r3").await;
     ring.terminate("r4").await;
-    ring.until("r1 and r2 owning everything", owned_by(&["r1", "r2"]))
+    ring.until_labels("r1 and r2 owning everything", owned_by(&["r1", "r2"]))
         .await;
     // A rolling update: each replica replaced by a new one, one at a time.
     ring.join("r5");
     ring.terminate("r1").await;
-    ring.until("r2 and r5 owning everything", owned_by(&["r2", "r5"]))
+    ring.until_labels("r2 and r5 owning everything", owned_by(&["r2", "r5"]))
         .await;
     ring.join("r6");
     ring.terminate("r2").await;
-    ring.until("r5 and r6 owning everything", owned_by(&["r5", "r6"]))
+    ring.until_labels("r5 and r6 owning everything", owned_by(&["r5", "r6"]))
         .await;
     changing.abort();
     ring.until("every change handled", settled(&["r5", "r6"]))
@@ -775,7 +823,7 @@ async fn scaling_and_a_rolling_update_move_objects_with_their_progress() {
     };
     let before = updates(&ring);
     ring.join("r7");
-    ring.until("r7 owning objects, every move done", |objects| {
+    ring.until_labels("r7 owning objects, every move done", |objects| {
         let owners = owners(objects);
         let drains = objects
             .iter()
@@ -844,12 +892,13 @@ async fn a_partitioned_replica_pauses_before_its_lease_expires_and_rejoins_witho
     ring.create(count).await;
     let changing = ring.keep_changing(count);
     let shared = || shared_by(&["r1", "r2", "r3"]);
-    ring.until("every replica owning objects", shared()).await;
+    ring.until_labels("every replica owning objects", shared())
+        .await;
 
     // Cut off: it pauses by its renew deadline, its objects move once its lease expired.
     let cut = monotonic();
     proxy.cut();
-    ring.until("r3's objects owned by the others", owned_by(&["r1", "r2"]))
+    ring.until_labels("r3's objects owned by the others", owned_by(&["r1", "r2"]))
         .await;
     let moved = Duration::from_nanos(monotonic() - cut);
     eprintln!(
@@ -858,7 +907,7 @@ async fn a_partitioned_replica_pauses_before_its_lease_expires_and_rejoins_witho
     );
     // Healed: it rejoins under a fresh Lease and gets objects again.
     proxy.heal();
-    ring.until("every replica owning objects again", shared())
+    ring.until_labels("every replica owning objects again", shared())
         .await;
     changing.abort();
     ring.until("every change handled", settled(&["r1", "r2", "r3"]))
@@ -893,7 +942,8 @@ mod emulator_only {
         ring.create(count).await;
         let changing = ring.keep_changing(count);
         let shared = || shared_by(&["r1", "r2", "r3"]);
-        ring.until("every replica owning objects", shared()).await;
+        ring.until_labels("every replica owning objects", shared())
+            .await;
 
         let cut = monotonic();
         let faults = ring.cluster.faults();
@@ -905,11 +955,11 @@ mod emulator_only {
                 .field_manager(kactor::sharding::MEMBER_FIELD_MANAGER)
                 .times(u32::MAX),
         );
-        ring.until("r3's objects owned by the others", owned_by(&["r1", "r2"]))
+        ring.until_labels("r3's objects owned by the others", owned_by(&["r1", "r2"]))
             .await;
         let moved = monotonic();
         faults.reset();
-        ring.until("every replica owning objects again", shared())
+        ring.until_labels("every replica owning objects again", shared())
             .await;
         changing.abort();
         ring.until("every change handled", settled(&["r1", "r2", "r3"]))

@@ -1094,6 +1094,7 @@ impl Assigner {
             let leads = tokio::select! {
                 biased;
                 () = &mut stop => break,
+                () = ring.keep_observing() => break,
                 leads = async {
                     let leads = is_leader.wait_for(|leads| *leads).await.is_ok();
                     // A closed channel keeps its last value: true then means nothing.
@@ -1135,6 +1136,10 @@ struct Ring {
     drain_label: String,
     /// `assigner/<identity>`.
     holder: String,
+    /// The member Leases as this replica last saw them, by name, and since when: kept while it
+    /// stands by too, so that an assigner that takes over knows how long each has been unchanged
+    /// (instead of starting every clock at its first look, and a dead member's after it).
+    observed: Mutex<BTreeMap<String, Observed>>,
 }
 
 impl Ring {
@@ -1154,6 +1159,33 @@ impl Ring {
             settings,
             targets,
             view,
+            observed: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Standing by, every replica looks at the ring's Leases every retry period (and writes
+    /// nothing), keeping `observed` up to date for when it leads. Never completes.
+    async fn keep_observing(&self) {
+        let params = ListParams::default().labels(&self.settings.ring_selector());
+        loop {
+            let started = Instant::now();
+            let timeout = self.settings.attempt_timeout();
+            if let Ok(Ok(list)) = tokio::time::timeout(timeout, self.leases.list(&params)).await {
+                let now = Instant::now();
+                let mut observed = self.observed.lock().unwrap_or_else(|p| p.into_inner());
+                let seen = list
+                    .items
+                    .into_iter()
+                    .filter_map(|lease| {
+                        let name = lease.metadata.name?;
+                        let spec = lease.spec.unwrap_or_default();
+                        let look = Observed::see(observed.get(&name), spec, now);
+                        Some((name, look))
+                    })
+                    .collect();
+                *observed = seen;
+            }
+            tokio::time::sleep_until(started + self.settings.retry_period).await;
         }
     }
 
@@ -1355,7 +1387,8 @@ impl<'r> Term<'r> {
                     .iter()
                     .map(|target| self.watch_unlabelled(target)),
             );
-            tokio::join!(self.resyncs(changes), watches);
+            let dead = self.membership.subscribe();
+            tokio::join!(self.resyncs(changes), watches, self.relabel_dead(dead));
         };
         tokio::join!(self.look_at_leases(), assignment);
     }
@@ -1363,13 +1396,19 @@ impl<'r> Term<'r> {
     // --- membership ---
 
     async fn look_at_leases(&self) {
-        let mut observed: BTreeMap<String, Observed> = BTreeMap::new();
         let params = ListParams::default().labels(&self.settings().ring_selector());
         loop {
             let started = Instant::now();
             let timeout = self.settings().attempt_timeout();
             match tokio::time::timeout(timeout, self.ring.leases.list(&params)).await {
-                Ok(Ok(list)) => self.look(list.items, &mut observed).await,
+                Ok(Ok(list)) => {
+                    // Taken out while looking (a takeover awaits), put back after.
+                    let mut observed = std::mem::take(
+                        &mut *self.ring.observed.lock().unwrap_or_else(|p| p.into_inner()),
+                    );
+                    self.look(list.items, &mut observed).await;
+                    *self.ring.observed.lock().unwrap_or_else(|p| p.into_inner()) = observed;
+                }
                 Ok(Err(error)) => {
                     tracing::warn!(ring = %self.settings().ring, %error, "cannot list the member leases; retrying")
                 }
@@ -1503,6 +1542,42 @@ impl<'r> Term<'r> {
 
     // --- resyncs ---
 
+    /// A dead member's objects, as soon as it is found dead (its Lease taken over or released),
+    /// listed by its label (the API server filters them) and relabelled for the live members: in
+    /// time proportional to their number, without waiting for a resync under way over every object.
+    async fn relabel_dead(&self, mut changes: watch::Receiver<Option<Members>>) {
+        let mut done: BTreeSet<String> = BTreeSet::new();
+        loop {
+            let membership = changes.borrow_and_update().clone();
+            if let Some(membership) = membership {
+                // A member that is dead no more (it rejoined) may die again later.
+                done.retain(|member| membership.dead.contains(member));
+                let fresh: Vec<&String> = membership
+                    .dead
+                    .iter()
+                    .filter(|d| !done.contains(*d))
+                    .collect();
+                for dead in fresh {
+                    let selector = format!("{}={dead}", self.ring.shard_label);
+                    let mut complete = true;
+                    for target in &self.ring.targets {
+                        let pass = self.resync_target(target, &membership, Some(&selector));
+                        if let Err(error) = pass.await {
+                            complete = false;
+                            tracing::warn!(ring = %self.settings().ring, target = %target.label(), member = %dead, %error, "cannot list a dead member's objects; the next resync moves them");
+                        }
+                    }
+                    if complete {
+                        done.insert(dead.clone());
+                    }
+                }
+            }
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
     /// A resync every `resync_period`, and at once when the live or dead members change.
     async fn resyncs(&self, mut changes: watch::Receiver<Option<Members>>) {
         loop {
@@ -1523,7 +1598,7 @@ impl<'r> Term<'r> {
         let mut left: BTreeMap<String, usize> = BTreeMap::new();
         let mut complete = true;
         for target in &self.ring.targets {
-            match self.resync_target(target, &membership).await {
+            match self.resync_target(target, &membership, None).await {
                 Ok(owners) => {
                     for (owner, count) in owners {
                         *left.entry(owner).or_default() += count;
@@ -1561,11 +1636,13 @@ impl<'r> Term<'r> {
         }
     }
 
-    /// One target: the objects whose owner each label names, left after the moves.
+    /// One target's objects (those `selector` selects, or all): the objects whose owner each label
+    /// names, left after the moves.
     async fn resync_target(
         &self,
         target: &Target,
         membership: &Members,
+        selector: Option<&str>,
     ) -> Result<BTreeMap<String, usize>, kube::Error> {
         let api = slim::api(
             self.ring.client.clone(),
@@ -1576,7 +1653,11 @@ impl<'r> Term<'r> {
         let mut tally = Tally::default();
         // Page by page, each page's moves written before the next is read: the assigner holds one
         // page of metadata at a time, however many objects there are.
-        let mut params = ListParams::default().match_any().limit(RESYNC_PAGE);
+        let select = |params: ListParams| match selector {
+            Some(selector) => params.labels(selector),
+            None => params,
+        };
+        let mut params = select(ListParams::default().match_any().limit(RESYNC_PAGE));
         loop {
             let list = api.list_metadata(&params).await?;
             let mut moves = Vec::new();
@@ -1603,9 +1684,11 @@ impl<'r> Term<'r> {
             match list.metadata.continue_.filter(|token| !token.is_empty()) {
                 // The next pages come from the same snapshot, which the token names.
                 Some(token) => {
-                    params = ListParams::default()
-                        .limit(RESYNC_PAGE)
-                        .continue_token(&token)
+                    params = select(
+                        ListParams::default()
+                            .limit(RESYNC_PAGE)
+                            .continue_token(&token),
+                    )
                 }
                 None => break,
             }
