@@ -467,19 +467,7 @@ impl Replica {
 
     /// A `/proc/<pid>/status` figure in bytes (`VmRSS`, `VmHWM`); 0 once the process is gone.
     fn memory(&self, field: &str) -> u64 {
-        std::fs::read_to_string(format!("/proc/{}/status", self.pid))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|line| line.strip_prefix(field))
-            .and_then(|kb| {
-                kb.trim_start_matches(':')
-                    .trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse::<u64>()
-                    .ok()
-            })
-            .map_or(0, |kb| kb * 1024)
+        support::memory_of(self.pid, field)
     }
 
     /// Fails with the end of its log if the process has exited.
@@ -511,21 +499,9 @@ impl Replica {
         }
     }
 
-    /// The RSS once it has stopped falling for `stable` (the allocator gives memory back a while
-    /// after the workers idled out), at most a minute.
+    /// The RSS once it has stopped falling for `stable`, at most a minute.
     async fn settled_rss(&self, stable: Duration) -> u64 {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut rss = self.memory("VmRSS");
-        let mut since = Instant::now();
-        while Instant::now() < deadline && since.elapsed() < stable {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            let now = self.memory("VmRSS");
-            if now + (1 << 20) < rss {
-                since = Instant::now();
-            }
-            rss = rss.min(now);
-        }
-        rss
+        support::settled_rss_of(self.pid, stable).await
     }
 
     async fn kill(mut self) {

@@ -155,6 +155,40 @@ pub fn cpu_seconds_of(process: &str) -> f64 {
         .map_or(0.0, |(_, seconds)| seconds)
 }
 
+/// A `/proc/<pid>/status` figure of a process in bytes (`VmRSS`, `VmHWM`); 0 once it is gone.
+pub fn memory_of(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| line.strip_prefix(field))
+        .and_then(|kb| {
+            kb.trim_start_matches(':')
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// A process's RSS once it has stopped falling for `stable` (the allocator gives memory back a
+/// while after the workers idled out), at most a minute.
+pub async fn settled_rss_of(pid: u32, stable: Duration) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut rss = memory_of(pid, "VmRSS");
+    let mut since = Instant::now();
+    while Instant::now() < deadline && since.elapsed() < stable {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = memory_of(pid, "VmRSS");
+        if now + (1 << 20) < rss {
+            since = Instant::now();
+        }
+        rss = rss.min(now);
+    }
+    rss
+}
+
 /// The command (a thread's name) and utime + stime in seconds of a `/proc/.../stat` line.
 pub fn parse_stat(stat: &str) -> Option<(String, f64)> {
     let (head, rest) = stat.rsplit_once(')')?;
