@@ -13,8 +13,9 @@
 //! * `a_killed_or_frozen_replicas_objects_move_and_no_object_is_handled_by_two_at_once`: 3 replicas;
 //!   one SIGKILLed (then started again under the same name: it rejoins under a fresh Lease), one
 //!   frozen for longer than its lease.
-//! * `scaling_and_a_rolling_update_move_objects_with_their_progress`: 1 → 2 → 4 → 2 replicas, then each
-//!   replaced by a new one, one at a time (SIGTERM: a graceful exit hands everything over). A
+//! * `scaling_and_a_rolling_update_move_objects_with_their_progress`: 1 → 2 → 4 → 2 → 3 replicas, then
+//!   a rolling update 3 → 3, each replaced by a new one, one at a time (SIGTERM: a graceful exit hands
+//!   everything over). A
 //!   handler that fails temporarily three times before it succeeds is called exactly four times
 //!   per object across all replicas: its retry count moves with the object. Then a replica joins
 //!   with no change under way: the moves run no update handler.
@@ -801,17 +802,22 @@ async fn scaling_and_a_rolling_update_move_objects_with_their_progress() {
     ring.terminate("r4").await;
     ring.until_labels("r1 and r2 owning everything", owned_by(&["r1", "r2"]))
         .await;
-    // A rolling update: each replica replaced by a new one, one at a time.
+    // Back to three, then a rolling update 3 -> 3: each replaced by a new one, one at a time.
     ring.join("r5");
-    ring.terminate("r1").await;
-    ring.until_labels("r2 and r5 owning everything", owned_by(&["r2", "r5"]))
+    ring.until_labels("r1, r2 and r5 sharing", shared_by(&["r1", "r2", "r5"]))
         .await;
-    ring.join("r6");
-    ring.terminate("r2").await;
-    ring.until_labels("r5 and r6 owning everything", owned_by(&["r5", "r6"]))
-        .await;
+    for (new, old, live) in [
+        ("r6", "r1", ["r2", "r5", "r6"]),
+        ("r7", "r2", ["r5", "r6", "r7"]),
+        ("r8", "r5", ["r6", "r7", "r8"]),
+    ] {
+        ring.join(new);
+        ring.terminate(old).await;
+        ring.until_labels(&format!("{live:?} owning everything"), owned_by(&live))
+            .await;
+    }
     changing.abort();
-    ring.until("every change handled", settled(&["r5", "r6"]))
+    ring.until("every change handled", settled(&["r6", "r7", "r8"]))
         .await;
 
     // A move is no change of the object: moving objects to a new replica runs no update handler.
@@ -822,8 +828,8 @@ async fn scaling_and_a_rolling_update_move_objects_with_their_progress() {
             .count()
     };
     let before = updates(&ring);
-    ring.join("r7");
-    ring.until_labels("r7 owning objects, every move done", |objects| {
+    ring.join("r9");
+    ring.until_labels("r9 owning objects, every move done", |objects| {
         let owners = owners(objects);
         let drains = objects
             .iter()
@@ -834,12 +840,12 @@ async fn scaling_and_a_rolling_update_move_objects_with_their_progress() {
                     .is_some_and(|l| l.contains_key(DRAIN))
             })
             .count();
-        (owners.get("r7").is_some_and(|n| *n > 0) && !owners.contains_key("-") && drains == 0)
+        (owners.get("r9").is_some_and(|n| *n > 0) && !owners.contains_key("-") && drains == 0)
             .then_some(())
             .ok_or(format!("owners {owners:?}, {drains} draining"))
     })
     .await;
-    ring.until("every object settled", settled(&["r5", "r6", "r7"]))
+    ring.until("every object settled", settled(&["r6", "r7", "r8", "r9"]))
         .await;
     assert_eq!(
         updates(&ring),
