@@ -328,6 +328,41 @@ mod emulator_only {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_cause_finished_in_one_cycle_leaves_no_record_but_the_marker_of_a_custom_prefix() {
+        // Kopf stores the records, then purges them in the same patch; what is left of the
+        // store is a non-Kopf prefix's marker. kactor encodes no record for such a cycle.
+        let seen = Seen::default();
+        let mut settings = Settings::default();
+        settings.persistence.prefix = "my-op.example.com".into();
+        let mut handling = Handling::with_settings(vec![create(&seen)], settings).await;
+        handling.create_widget(1).await;
+        handling.cycle(EventType::Added).await;
+
+        let object = handling.get().await.unwrap();
+        let annotations = object.metadata.annotations.clone().unwrap_or_default();
+        let ours: Vec<&str> = annotations
+            .keys()
+            .map(String::as_str)
+            .filter(|k| k.starts_with("my-op.example.com/") || k.starts_with("kopf.zalando.org/"))
+            .collect();
+        assert_eq!(
+            ours,
+            [
+                "my-op.example.com/kopf-managed",
+                "my-op.example.com/last-handled-configuration"
+            ]
+        );
+        assert_eq!(annotations["my-op.example.com/kopf-managed"], "yes");
+        assert_eq!(object.data["status"]["create_fn"], json!({"size": 1}));
+        assert!(
+            object.data["status"].get("kopf").is_none(),
+            "{}",
+            object.data["status"]
+        );
+        assert_eq!(seen.take().len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_delete_handler_puts_the_finalizer_on_first_and_no_handler_runs_in_that_cycle() {
         let seen = Seen::default();
         let mut handling = Handling::new(vec![create(&seen), delete(&seen)]).await;

@@ -1366,7 +1366,13 @@ impl Processor {
             .await;
         let finished_at = self.clock.now();
         state = state.with_outcomes(outcomes.iter().map(|(id, o)| (id.as_str(), o)), finished_at);
-        state.store(&self.progress, &mut merge);
+        // A finished cause's records are purged below, in this very patch: not encoded at all.
+        let purged = state.done() && !(reason == Reason::Delete && daemons_running);
+        if purged {
+            state.store_purged(&self.progress, &mut merge);
+        } else {
+            state.store(&self.progress, &mut merge);
+        }
         for (id, outcome) in &outcomes {
             deliver_result(ctx.patch(), id, outcome);
         }
@@ -1381,7 +1387,7 @@ impl Processor {
                 counts.success,
                 counts.failure
             );
-            if !(reason == Reason::Delete && daemons_running) {
+            if purged {
                 // In the cycle's patch: it holds the records sub-handlers wrote in this very
                 // cycle, which are dropped from it (Kopf's purge of what is not on the body yet).
                 ctx.patch().merge(std::mem::take(&mut merge));

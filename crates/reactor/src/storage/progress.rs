@@ -378,6 +378,14 @@ impl ProgressStorage {
     fn store_marker(&self, body: Option<&DynamicObject>, patch: &mut Value) {
         store_marker(&self.keys, body, patch);
     }
+
+    /// What [`store`](Self::store) leaves in a merge patch once [`purge`](Self::purge) has taken
+    /// the record out again in the same cycle: the marker of a non-Kopf prefix (Kopf's purge
+    /// keeps it). A cycle that finishes its handlers calls this instead of encoding records that
+    /// would not be sent.
+    pub fn mark(&self, patch: &mut Value) {
+        self.store_marker(None, patch);
+    }
 }
 
 /// Adds `<prefix>/kopf-managed: "yes"` to the patch for a non-Kopf prefix, unless the body or

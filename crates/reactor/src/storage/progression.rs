@@ -340,6 +340,19 @@ impl State {
         }
     }
 
+    /// [`store`](Self::store) for a state that is purged in the same cycle: no record is encoded
+    /// (the purge would take it out of the patch, or write `null` over it), only what a store
+    /// leaves behind a purge (see [`ProgressStorage::mark`]).
+    pub fn store_purged(&self, storage: &ProgressStorage, patch: &mut Value) {
+        if self
+            .states
+            .iter()
+            .any(|(_, state)| state.origin.as_ref() != Some(&state.to_record()))
+        {
+            storage.mark(patch);
+        }
+    }
+
     /// Adds to the merge patch the removal of every record of these handlers, of the records this
     /// state knows, and of their sub-handlers.
     pub fn purge<'a>(
@@ -461,5 +474,46 @@ mod tests {
             ..Outcome::default()
         };
         assert!(state.with_outcomes([("u", &ok)], now()).done());
+    }
+
+    #[test]
+    fn a_purged_state_patches_as_a_store_then_a_purge_would() {
+        use crate::structs::keys::KeyForming;
+        let ok = Outcome {
+            final_: true,
+            ..Outcome::default()
+        };
+        let earlier = serde_json::json!({
+            "apiVersion": "example.com/v1", "kind": "Widget",
+            "metadata": {"name": "w1", "annotations": {
+                "kopf.zalando.org/a": "{\"started\":\"2026-03-01T09:00:00.000000+00:00\",\"retries\":1}",
+                "my-op.example.com/a": "{\"started\":\"2026-03-01T09:00:00.000000+00:00\",\"retries\":1}",
+            }},
+            "status": {"kopf": {"progress": {"b": {"retries": 1}}}},
+        });
+        let fresh = serde_json::json!({
+            "apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w1"},
+        });
+        for prefix in ["kopf.zalando.org", "my-op.example.com"] {
+            let storage = ProgressStorage {
+                keys: KeyForming::new(prefix).unwrap(),
+                ..ProgressStorage::default()
+            };
+            for body in [&earlier, &fresh] {
+                let body: DynamicObject = serde_json::from_value(body.clone()).unwrap();
+                let state = State::from_storage(&body, &storage, ["a", "b"], now())
+                    .with_purpose("create", [])
+                    .with_handlers(["a", "b"], now())
+                    .with_outcomes([("a", &ok), ("b", &ok)], now());
+                assert!(state.done());
+                let mut stored = serde_json::json!({"spec": {"x": 1}});
+                state.store(&storage, &mut stored);
+                state.purge(&body, &storage, ["a", "b"], &mut stored);
+                let mut marked = serde_json::json!({"spec": {"x": 1}});
+                state.store_purged(&storage, &mut marked);
+                state.purge(&body, &storage, ["a", "b"], &mut marked);
+                assert_eq!(marked, stored, "{prefix}, {:?}", body.metadata.annotations);
+            }
+        }
     }
 }
