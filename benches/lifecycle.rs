@@ -25,6 +25,10 @@
 //! the process used (the emulator's included) and the most files it had open at once (two per
 //! loopback connection).
 //!
+//! Each contender runs three rounds (`KACTOR_BENCH_REPEAT`; one in the quick run), the contenders
+//! alternating within a round; a row is the contender's median round, with the range of its rounds
+//! below it (on a shared 2-core machine one round can be 30 % off the next).
+//!
 //! Aim: kactor within 1.3x of the bare loop.
 
 use std::fmt;
@@ -251,7 +255,25 @@ async fn measure(contender: Contender, objects: usize) -> Figures {
     }
 }
 
-fn print_row(figures: &Figures, floor: Duration, objects: usize) {
+/// A contender's median round (by time), and the range of its rounds' seconds and CPU seconds.
+struct Summary<'a> {
+    median: &'a Figures,
+    seconds: (f64, f64),
+    cpu: (f64, f64),
+}
+
+fn summarize(rounds: &[Figures]) -> Summary<'_> {
+    let (median, low, high) = support::median_by(rounds, |f| f.elapsed.as_secs_f64());
+    let (_, cpu_low, cpu_high) = support::median_by(rounds, |f| f.cpu);
+    Summary {
+        median,
+        seconds: (low, high),
+        cpu: (cpu_low, cpu_high),
+    }
+}
+
+fn print_row(summary: &Summary, floor: Duration, objects: usize) {
+    let figures = summary.median;
     let per_object = |count: u64| count as f64 / objects as f64;
     let total: u64 = figures.requests.iter().sum();
     let kinds: Vec<String> = support::KINDS
@@ -273,12 +295,19 @@ fn print_row(figures: &Figures, floor: Duration, objects: usize) {
         kinds.join(", "),
         figures.requests_after,
     );
+    if summary.seconds.0 < summary.seconds.1 {
+        println!(
+            "{:<28} rounds: {:.3}-{:.3} s, {:.2}-{:.2} CPU s",
+            "", summary.seconds.0, summary.seconds.1, summary.cpu.0, summary.cpu.1
+        );
+    }
     if figures.errors > 0 {
         println!("{:<28} {} failed reconciles, retried", "", figures.errors);
     }
 }
 
-async fn run_all(objects: usize) -> Vec<Figures> {
+/// Every contender's rounds (see [`support::repeats`]), in the contenders' order.
+async fn run_all(objects: usize) -> Vec<Vec<Figures>> {
     // `KACTOR_BENCH_ONLY=kactor` (a contender's name as printed) runs the bare loop at 256 and that
     // contender only: for profiling it.
     let only = std::env::var("KACTOR_BENCH_ONLY").ok();
@@ -289,14 +318,18 @@ async fn run_all(objects: usize) -> Vec<Figures> {
         Contender::Kactor { loggers: false },
         Contender::Kactor { loggers: true },
     ]);
-    let mut all = Vec::new();
-    for contender in contenders {
-        let wanted = match (&only, contender) {
-            (None, _) | (Some(_), Contender::Bare(256)) => true,
-            (Some(only), contender) => contender.to_string() == *only,
-        };
-        if wanted {
-            all.push(measure(contender, objects).await);
+    contenders.retain(|contender| match (&only, contender) {
+        (None, _) | (Some(_), Contender::Bare(256)) => true,
+        (Some(only), contender) => contender.to_string() == *only,
+    });
+    let mut all: Vec<Vec<Figures>> = contenders.iter().map(|_| Vec::new()).collect();
+    let rounds = support::repeats();
+    for round in 0..rounds {
+        if rounds > 1 {
+            println!("round {} of {rounds}", round + 1);
+        }
+        for (contender, figures) in contenders.iter().zip(&mut all) {
+            figures.push(measure(*contender, objects).await);
         }
     }
     all
@@ -313,7 +346,9 @@ async fn main() {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
 
-    let all = run_all(objects).await;
+    let rounds = run_all(objects).await;
+    let summaries: Vec<Summary> = rounds.iter().map(|r| summarize(r)).collect();
+    let all: Vec<&Figures> = summaries.iter().map(|s| s.median).collect();
     let (floor_index, floor) = all
         .iter()
         .enumerate()
@@ -327,13 +362,15 @@ async fn main() {
         "{:<28} {:>8} {:>10} {:>8} {:>7} {:>6} {:>10}   requests per object",
         "contender", "seconds", "objects/s", "ratio", "cpu s", "files", "heap B/obj"
     );
-    for figures in &all {
-        print_row(figures, floor, objects);
+    for summary in &summaries {
+        print_row(summary, floor, objects);
     }
     println!();
     println!(
-        "floor: the fastest bare loop ({}); kube's Controller default concurrency is unbounded",
-        all[floor_index].contender
+        "floor: the fastest bare loop ({}); kube's Controller default concurrency is unbounded; \
+         each row is the contender's median of {} round(s) (KACTOR_BENCH_REPEAT)",
+        all[floor_index].contender,
+        support::repeats()
     );
     if let Some(error) = FIRST_ERROR.get() {
         println!("the first failed reconcile: {error}");

@@ -57,6 +57,27 @@ pub fn objects(measured: usize, quick: usize) -> usize {
         .unwrap_or(if measuring { measured } else { quick })
 }
 
+/// How many rounds a benchmark makes of each contender (`KACTOR_BENCH_REPEAT`): 3 when measuring,
+/// 1 in a quick run. Rounds alternate the contenders, so that a slow spell of the machine falls on
+/// all of them; each contender's median round is printed, with the range.
+pub fn repeats() -> usize {
+    std::env::var("KACTOR_BENCH_REPEAT")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(if measuring() { 3 } else { 1 })
+}
+
+/// The median of `rounds` by `key` (the lower middle of an even count), and the smallest and
+/// largest `key`.
+pub fn median_by<T>(rounds: &[T], key: impl Fn(&T) -> f64) -> (&T, f64, f64) {
+    assert!(!rounds.is_empty(), "a median of no rounds");
+    let mut order: Vec<&T> = rounds.iter().collect();
+    order.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    let (low, high) = (key(order[0]), key(order[order.len() - 1]));
+    (order[(order.len() - 1) / 2], low, high)
+}
+
 /// Live heap bytes now.
 pub fn live_bytes() -> u64 {
     LIVE.load(Ordering::Relaxed)
