@@ -15,9 +15,8 @@
 //!   frozen for longer than its lease.
 //! * `scaling_and_a_rolling_update_move_objects_with_their_progress`: 1 → 2 → 4 → 2 → 3 replicas, then
 //!   a rolling update 3 → 3, each replaced by a new one, one at a time (SIGTERM: a graceful exit hands
-//!   everything over). A
-//!   handler that fails temporarily three times before it succeeds is called exactly four times
-//!   per object across all replicas: its retry count moves with the object. Then a replica joins
+//!   everything over). A handler that fails temporarily three times before it succeeds is called
+//!   exactly four times per object across all replicas: its retry count moves with the object. Then a replica joins
 //!   with no change under way: the moves run no update handler.
 //! * `a_partitioned_replica_pauses_before_its_lease_expires_and_rejoins_without_overlap`: one
 //!   replica talks to the API server through a TCP proxy, which the test cuts (every connection
@@ -378,9 +377,32 @@ impl Ring {
 
     /// Waits until `check` holds for the widgets, or fails saying `what`.
     async fn until(&self, what: &str, check: impl Fn(&[DynamicObject]) -> Result<(), String>) {
+        self.until_in(what, false, check).await
+    }
+
+    /// [`Ring::until`] for checks of the labels alone: from metadata-only lists, which keep the
+    /// test's own load small with thousands of objects.
+    async fn until_labels(
+        &self,
+        what: &str,
+        check: impl Fn(&[DynamicObject]) -> Result<(), String>,
+    ) {
+        self.until_in(what, true, check).await
+    }
+
+    async fn until_in(
+        &self,
+        what: &str,
+        metadata_only: bool,
+        check: impl Fn(&[DynamicObject]) -> Result<(), String>,
+    ) {
         let deadline = tokio::time::Instant::now() + SETTLE;
         loop {
-            let objects = self.objects().await;
+            let objects = if metadata_only {
+                self.labels().await
+            } else {
+                self.objects().await
+            };
             let Err(problem) = check(&objects) else {
                 return;
             };
@@ -391,36 +413,20 @@ impl Ring {
         }
     }
 
-    /// [`Ring::until`] for checks of the labels alone: from metadata-only lists, which keep the
-    /// test's own load small with thousands of objects.
-    async fn until_labels(
-        &self,
-        what: &str,
-        check: impl Fn(&[DynamicObject]) -> Result<(), String>,
-    ) {
-        let deadline = tokio::time::Instant::now() + SETTLE;
-        loop {
-            let objects: Vec<DynamicObject> = self
-                .widgets
-                .list_metadata(&Default::default())
-                .await
-                .unwrap()
-                .items
-                .into_iter()
-                .map(|partial| DynamicObject {
-                    types: None,
-                    metadata: partial.metadata,
-                    data: Value::Null,
-                })
-                .collect();
-            let Err(problem) = check(&objects) else {
-                return;
-            };
-            if tokio::time::Instant::now() >= deadline {
-                fail_with_logs(self, format!("timed out waiting for {what}: {problem}"));
-            }
-            tokio::time::sleep(poll()).await;
-        }
+    /// The widgets' metadata alone, as objects without bodies.
+    async fn labels(&self) -> Vec<DynamicObject> {
+        self.widgets
+            .list_metadata(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|partial| DynamicObject {
+                types: None,
+                metadata: partial.metadata,
+                data: Value::Null,
+            })
+            .collect()
     }
 
     /// Every call every replica recorded.

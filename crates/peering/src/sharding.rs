@@ -1163,27 +1163,43 @@ impl Ring {
         }
     }
 
+    /// The ring's member Leases, listed once within the attempt timeout; the error says why not.
+    async fn list_members(&self) -> Result<Vec<Lease>, String> {
+        let params = ListParams::default().labels(&self.settings.ring_selector());
+        let timeout = self.settings.attempt_timeout();
+        match tokio::time::timeout(timeout, self.leases.list(&params)).await {
+            Ok(Ok(list)) => Ok(list.items),
+            Ok(Err(error)) => Err(format!("cannot list the member leases: {error}")),
+            Err(_elapsed) => Err(format!(
+                "listing the member leases timed out after {timeout:?}"
+            )),
+        }
+    }
+
     /// Standing by, every replica looks at the ring's Leases every retry period (and writes
     /// nothing), keeping `observed` up to date for when it leads. Never completes.
     async fn keep_observing(&self) {
-        let params = ListParams::default().labels(&self.settings.ring_selector());
         loop {
             let started = Instant::now();
-            let timeout = self.settings.attempt_timeout();
-            if let Ok(Ok(list)) = tokio::time::timeout(timeout, self.leases.list(&params)).await {
-                let now = Instant::now();
-                let mut observed = self.observed.lock().unwrap_or_else(|p| p.into_inner());
-                let seen = list
-                    .items
-                    .into_iter()
-                    .filter_map(|lease| {
-                        let name = lease.metadata.name?;
-                        let spec = lease.spec.unwrap_or_default();
-                        let look = Observed::see(observed.get(&name), spec, now);
-                        Some((name, look))
-                    })
-                    .collect();
-                *observed = seen;
+            match self.list_members().await {
+                Ok(leases) => {
+                    let now = Instant::now();
+                    let mut observed = self.observed.lock().unwrap_or_else(|p| p.into_inner());
+                    let seen = leases
+                        .into_iter()
+                        .filter_map(|lease| {
+                            let name = lease.metadata.name?;
+                            let spec = lease.spec.unwrap_or_default();
+                            let look = Observed::see(observed.get(&name), spec, now);
+                            Some((name, look))
+                        })
+                        .collect();
+                    *observed = seen;
+                }
+                // The member's own Lease loop says so when the API fails; this look is a spare.
+                Err(problem) => {
+                    tracing::debug!(ring = %self.settings.ring, %problem, "standing by; retrying")
+                }
             }
             tokio::time::sleep_until(started + self.settings.retry_period).await;
         }
@@ -1396,24 +1412,19 @@ impl<'r> Term<'r> {
     // --- membership ---
 
     async fn look_at_leases(&self) {
-        let params = ListParams::default().labels(&self.settings().ring_selector());
         loop {
             let started = Instant::now();
-            let timeout = self.settings().attempt_timeout();
-            match tokio::time::timeout(timeout, self.ring.leases.list(&params)).await {
-                Ok(Ok(list)) => {
+            match self.ring.list_members().await {
+                Ok(leases) => {
                     // Taken out while looking (a takeover awaits), put back after.
                     let mut observed = std::mem::take(
                         &mut *self.ring.observed.lock().unwrap_or_else(|p| p.into_inner()),
                     );
-                    self.look(list.items, &mut observed).await;
+                    self.look(leases, &mut observed).await;
                     *self.ring.observed.lock().unwrap_or_else(|p| p.into_inner()) = observed;
                 }
-                Ok(Err(error)) => {
-                    tracing::warn!(ring = %self.settings().ring, %error, "cannot list the member leases; retrying")
-                }
-                Err(_elapsed) => {
-                    tracing::warn!(ring = %self.settings().ring, ?timeout, "listing the member leases timed out; retrying")
+                Err(problem) => {
+                    tracing::warn!(ring = %self.settings().ring, %problem, "retrying")
                 }
             }
             tokio::time::sleep_until(started + self.settings().retry_period).await;
