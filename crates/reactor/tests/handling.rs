@@ -704,6 +704,96 @@ mod emulator_only {
         assert!(seen.take().is_empty());
     }
 
+    /// The log lines written while it lives, as the formatter writes them (no colours).
+    fn captured_log() -> (tracing::subscriber::DefaultGuard, Arc<Mutex<Vec<u8>>>) {
+        #[derive(Clone)]
+        struct Lines(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let writer = Lines(lines.clone());
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .with_writer(move || writer.clone())
+            .finish();
+        (tracing::subscriber::set_default(subscriber), lines)
+    }
+
+    /// A deletion's handlers ran while the object's daemons were still stopping: their records
+    /// stay on the object until the daemons are gone, and the cycle that then releases the
+    /// finalizer runs no handler again and does not report the deletion a second time.
+    #[tokio::test(start_paused = true)]
+    async fn a_deletion_waiting_for_its_daemons_is_reported_processed_once() {
+        let seen = Seen::default();
+        let mut handling = Handling::new(vec![delete(&seen)]).await;
+        let mut body = serde_json::from_value::<DynamicObject>(samples::widget("w1", 1)).unwrap();
+        body.metadata.finalizers = Some(vec![FINALIZER.into()]);
+        handling
+            .widgets
+            .create(&PostParams::default(), &body)
+            .await
+            .unwrap();
+        handling
+            .widgets
+            .delete("w1", &DeleteParams::default())
+            .await
+            .unwrap();
+        let decided = Arc::new(Mutex::new(Vec::new()));
+        let (_guard, log) = captured_log();
+        let processed = |log: &Arc<Mutex<Vec<u8>>>| {
+            String::from_utf8_lossy(&log.lock().unwrap())
+                .lines()
+                .filter(|line| line.contains("is processed"))
+                .map(|line| {
+                    line.split_once("Deletion")
+                        .map_or(line, |(_, m)| m)
+                        .to_owned()
+                })
+                .collect::<Vec<_>>()
+        };
+
+        let deleting = handling.get().await.unwrap();
+        let cycle = handling
+            .cycle_on(
+                EventType::Modified,
+                deleting,
+                true,
+                Some(recording(&decided, true)),
+            )
+            .await;
+        assert_eq!(seen.take().len(), 1, "the deletion handler ran");
+        assert_eq!(cycle.next, Next::AwaitDaemons);
+        let kept = handling.get().await.unwrap();
+        assert!(finalized(&kept), "the finalizer waits for the daemons");
+        assert_eq!(processed(&log), [" is processed: 1 succeeded; 0 failed."]);
+
+        // The daemons are gone: the same object again, its records as the first cycle left them.
+        let cycle = handling
+            .cycle_on(
+                EventType::Modified,
+                kept,
+                true,
+                Some(recording(&decided, false)),
+            )
+            .await;
+        assert_eq!(cycle.next, Next::Idle);
+        assert!(handling.get().await.is_none(), "the finalizer was released");
+        assert!(seen.take().is_empty(), "no handler ran again");
+        assert_eq!(
+            processed(&log),
+            [" is processed: 1 succeeded; 0 failed."],
+            "reported once"
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_gone_object_is_written_nothing() {
         let seen = Seen::default();

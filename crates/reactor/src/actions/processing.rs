@@ -1380,13 +1380,17 @@ impl Processor {
             seen_by_field_handlers(base, cause, &handlers, &outcomes);
         }
         if state.done() {
-            let counts = state.counts();
-            tracing::info!(
-                "{} is processed: {} succeeded; {} failed.",
-                capitalize(reason.title()),
-                counts.success,
-                counts.failure
-            );
+            // Logged by the cycle that finished the cause, once: a deletion's records stay on
+            // the object while its daemons stop, and the cycle after that finds it done already.
+            if !outcomes.is_empty() {
+                let counts = state.counts();
+                tracing::info!(
+                    "{} is processed: {} succeeded; {} failed.",
+                    capitalize(reason.title()),
+                    counts.success,
+                    counts.failure
+                );
+            }
             if purged {
                 // In the cycle's patch: it holds the records sub-handlers wrote in this very
                 // cycle, which are dropped from it (Kopf's purge of what is not on the body yet).
