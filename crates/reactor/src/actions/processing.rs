@@ -584,7 +584,11 @@ impl Processor {
                         tracing::debug!("The object is not this replica's (its shard label names another): nothing is done.");
                         return Ok(Cycle::default());
                     }
-                    Standing::Draining => return self.drain(shard, &mut event, memory).await,
+                    // Boxed: a handover is rare, and its requests' futures would otherwise be
+                    // part of every cycle's (a task's size is allocated and copied per cycle).
+                    Standing::Draining => {
+                        return Box::pin(self.drain(shard, &mut event, memory)).await
+                    }
                 }
             }
         }

@@ -341,7 +341,12 @@ pub async fn apply(
     let has_status = resource.subresources.iter().any(|s| s == "status");
 
     if let Some(fence) = fence {
-        return apply_fenced(&api, &name, body, changes, has_status, backoffs, fence).await;
+        // Boxed, like the transformations below: what only sharded operators run stays out of
+        // the size of every cycle's future (a task's size is allocated and copied per cycle).
+        return Box::pin(apply_fenced(
+            &api, &name, body, changes, has_status, backoffs, fence,
+        ))
+        .await;
     }
     for (what, to_status, patch) in merge_requests(changes.merge, has_status) {
         let response = crate::clients::api::retrying(backoffs, what, || {
@@ -470,7 +475,13 @@ async fn transform_into(
         return Ok(());
     }
     let fresh = applied.body.as_ref().unwrap_or(body);
-    match transform(api, name, fresh, &fns, has_status, backoffs, fence).await {
+    // Boxed: few cycles transform the object (a finalizer added or removed), and the requests'
+    // futures would otherwise be part of every cycle's.
+    match Box::pin(transform(
+        api, name, fresh, &fns, has_status, backoffs, fence,
+    ))
+    .await
+    {
         Ok(Some(object)) => applied.advance(object),
         Ok(None) => {}
         Err(error) if is_not_found(&error) => applied.gone = true,

@@ -101,8 +101,14 @@ tokio::task_local! {
 }
 
 /// Runs `attempt` (one attempt of a changing handler) with `sub` as its sub-handlers.
-pub async fn scoped<F: std::future::Future>(sub: Arc<Subhandling>, attempt: F) -> F::Output {
-    SUBHANDLING.scope(sub, attempt).await
+///
+/// A plain function, not an `async fn`: an `async fn` would keep the attempt's future twice in its
+/// own (as its argument and inside the scope it awaits), and every cycle's future carries it.
+pub fn scoped<F: std::future::Future>(
+    sub: Arc<Subhandling>,
+    attempt: F,
+) -> impl std::future::Future<Output = F::Output> {
+    SUBHANDLING.scope(sub, attempt)
 }
 
 /// The sub-handlers of the changing handler whose attempt runs in this task, if any.
