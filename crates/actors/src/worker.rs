@@ -42,7 +42,9 @@
 //!
 //! **Idling**: after `queueing.idle_timeout` with nothing to do, nothing scheduled and no daemon or
 //! timer running, the worker tells the supervisor, which stops it only if no event was sent since
-//! (the supervisor is the only sender, so none is in flight).
+//! (the supervisor is the only sender, so none is in flight). While it waits, it keeps the last
+//! event's body only when daemons, timers or reconcile handlers may still need it; a worker of
+//! changing and event handlers alone waits without it (the next cycle needs a next event).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -417,6 +419,7 @@ impl ObjectWorker {
             }
             Effect::Unthrottle => self.throttle_step = 0,
             Effect::ArmIdle => {
+                self.let_go_of_the_body();
                 let idle = self.shared.idle_timeout;
                 self.arm(idle, ctx);
             }
@@ -431,6 +434,19 @@ impl ObjectWorker {
             Effect::Recheck => self.recheck = true,
             Effect::Rechecked => self.recheck = false,
             Effect::StopActor => ctx.stop(),
+        }
+    }
+
+    /// Idle, the worker keeps the last event only where something may still read it: daemons and
+    /// timers (a cycle runs again on it when the last one stops) and reconcile handlers (a trigger
+    /// or a requeue runs on it). Else its body is let go at once rather than when the worker idles
+    /// out: it is most of a waiting worker's memory, and every object handled in the last
+    /// `idle_timeout` has a waiting worker (after a restart over 100,000 objects, all of them).
+    fn let_go_of_the_body(&mut self) {
+        let handlers = &self.shared.processor.handlers;
+        if self.shared.daemons.is_none() && handlers.reconcile.is_empty() && self.pending.is_none()
+        {
+            self.last = None;
         }
     }
 

@@ -144,6 +144,43 @@ async fn idle_workers_stop_but_every_objects_record_stays() {
     supervised.stop().await;
 }
 
+/// A worker waiting to idle out holds no body when nothing can read it any more (no daemons,
+/// timers or reconcile handlers): every object handled within the idle timeout has such a worker,
+/// and the bodies were most of their memory. The next event brings the next body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_worker_lets_go_of_the_body_and_handles_the_next_event() {
+    let seen: Arc<Mutex<Vec<std::sync::Weak<DynamicObject>>>> = Arc::default();
+    let bodies = seen.clone();
+    let func = handler_fn(move |ctx: Ctx| {
+        bodies.lock().unwrap().push(Arc::downgrade(&ctx.body));
+        async { Ok(()) }
+    });
+    let names = ["w0", "w1", "w2"];
+    // The workers wait far longer than the test.
+    let supervised = Supervised::start(&names, func, Duration::from_secs(600)).await;
+    until("three events handled", || seen.lock().unwrap().len() >= 3).await;
+    until("the waiting workers let go of the bodies", || {
+        seen.lock().unwrap().iter().all(|b| b.upgrade().is_none())
+    })
+    .await;
+    let census = supervised.supervisor.send(Count).await.unwrap();
+    assert_eq!(census.workers, 3, "the workers still wait: {census:?}");
+
+    // A change of one object is handled on its own new body.
+    let patch = json!({"spec": {"size": 7}});
+    supervised
+        .widgets
+        .patch("w1", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    until("the change handled", || seen.lock().unwrap().len() >= 4).await;
+    until("its body let go of too", || {
+        seen.lock().unwrap()[3].upgrade().is_none()
+    })
+    .await;
+    supervised.stop().await;
+}
+
 /// The memory race, pinned: a paused worker drops an event that came while its cycle ran, and the
 /// listing after the resume comes while that cycle still runs (the worker has the object's
 /// memory). The object's version did not change since the event was routed, so only the worker's
