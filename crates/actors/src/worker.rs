@@ -42,9 +42,11 @@
 //!
 //! **Idling**: after `queueing.idle_timeout` with nothing to do, nothing scheduled and no daemon or
 //! timer running, the worker tells the supervisor, which stops it only if no event was sent since
-//! (the supervisor is the only sender, so none is in flight). While it waits, it keeps the last
-//! event's body only when daemons, timers or reconcile handlers may still need it; a worker of
-//! changing and event handlers alone waits without it (the next cycle needs a next event).
+//! (the supervisor is the only sender, so none is in flight). A listed object whose first cycle
+//! found nothing to do (no request, nothing scheduled, as after a restart) does not wait: its
+//! worker reports idle at once. While it waits, a worker keeps the last event's body only when
+//! daemons, timers or reconcile handlers may still need it; a worker of changing and event
+//! handlers alone waits without it (the next cycle needs a next event).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,7 +55,8 @@ use actix::prelude::*;
 use kactor_reactor::daemons::StopReason;
 use kactor_reactor::handlers::Memo;
 use kactor_reactor::processing::{
-    Cycle, DaemonsView, Event, ObjectMemory, ProcessingError, Processor, SpawnDecision, Written,
+    Cycle, DaemonsView, Event, Next, ObjectMemory, ProcessingError, Processor, SpawnDecision,
+    Written,
 };
 use kactor_reactor::triggers::{Trigger, Triggers};
 use kactor_reactor::watching::EventType;
@@ -302,6 +305,11 @@ pub struct ObjectWorker {
     /// Sharding: set when an event shows the object no longer this replica's (or being handed
     /// over), read by the running cycle before each handler it starts. None when not sharded.
     departing: Option<Arc<kactor_reactor::sharding::Leaving>>,
+    /// The running cycle is a listed object's first (its delivery had a place in the listing's
+    /// admission window).
+    listed: bool,
+    /// That cycle found nothing to do: the worker stops without waiting out the idle timeout.
+    settled: bool,
 }
 
 impl ObjectWorker {
@@ -337,6 +345,8 @@ impl ObjectWorker {
             recheck: false,
             wake: None,
             departing,
+            listed: false,
+            settled: false,
         }
     }
 
@@ -420,7 +430,11 @@ impl ObjectWorker {
             Effect::Unthrottle => self.throttle_step = 0,
             Effect::ArmIdle => {
                 self.let_go_of_the_body();
-                let idle = self.shared.idle_timeout;
+                let idle = if std::mem::take(&mut self.settled) {
+                    Duration::ZERO
+                } else {
+                    self.shared.idle_timeout
+                };
                 self.arm(idle, ctx);
             }
             Effect::ReportIdle => self.shared.supervisor.do_send(Idle {
@@ -613,6 +627,8 @@ impl ObjectWorker {
         };
         // Given back when this cycle ends; a rerun of the same event is not a listed object's first.
         let admission = event.admission.take();
+        self.listed = admission.is_some();
+        self.settled = false;
         let span = self.span(&event.body);
         self.last = Some(event);
         let processor = self.shared.processor.clone();
@@ -760,6 +776,7 @@ impl Handler<CycleDone> for ObjectWorker {
         self.memory = Some(memory);
         let next = match result {
             Ok(cycle) => {
+                let wrote_nothing = cycle.written == Written::Nothing;
                 match cycle.written {
                     Written::Version(version) => {
                         self.supersede(cycle.superseded);
@@ -793,11 +810,20 @@ impl Handler<CycleDone> for ObjectWorker {
                     .last
                     .as_ref()
                     .is_some_and(|l| l.event_type == EventType::Deleted);
+                // A listed object that needed nothing (after a restart, most of them): nothing
+                // of ours is on its way back, nothing is due, so its worker need not wait for
+                // more events. The next one starts a worker again.
+                self.settled = self.listed
+                    && wrote_nothing
+                    && cycle.next == Next::Idle
+                    && cycle.wake.is_none()
+                    && self.expected.is_none();
                 self.set_wake(cycle.wake.filter(|_| !gone), ctx);
                 Some(cycle.next)
             }
             Err(error) => {
                 // What was written is unknown: the next event is taken as it comes.
+                self.settled = false;
                 self.superseded = Vec::new();
                 self.error = Some(error);
                 None
