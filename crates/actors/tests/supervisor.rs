@@ -112,35 +112,57 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn idle_workers_stop_but_every_objects_record_stays() {
+/// An event handler that counts its runs, and the count.
+fn counting() -> (Arc<AtomicUsize>, HandlerFn) {
     let handled = Arc::new(AtomicUsize::new(0));
     let counter = handled.clone();
     let func = handler_fn(move |_: Ctx| {
         counter.fetch_add(1, Ordering::Relaxed);
         async { Ok(()) }
     });
+    (handled, func)
+}
+
+/// Waits (up to 10 s) until no worker runs, then checks that the `objects` records stayed.
+async fn until_no_workers(supervisor: &Addr<ResourceSupervisor>, objects: usize, what: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let census = supervisor.send(Count).await.unwrap();
+        if census.workers == 0 {
+            assert_eq!(census.objects, objects, "the records stay");
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{what}: {census:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_workers_stop_but_every_objects_record_stays() {
+    let (handled, func) = counting();
     let names = ["w0", "w1", "w2", "w3", "w4"];
     let supervised = Supervised::start(&names, func, Duration::from_millis(100)).await;
-    until("five events handled", || {
+    until("five listed objects handled", || {
         handled.load(Ordering::Relaxed) >= 5
+    })
+    .await;
+    // Changed while watched: these workers wait out the idle timeout (listed objects that need
+    // nothing do not wait at all).
+    for name in names {
+        let patch = json!({"spec": {"size": 3}});
+        supervised
+            .widgets
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+    until("five changes handled", || {
+        handled.load(Ordering::Relaxed) >= 10
     })
     .await;
     let busy = supervised.supervisor.send(Count).await.unwrap();
     assert_eq!(busy.objects, 5);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let census = supervised.supervisor.send(Count).await.unwrap();
-        if census.workers == 0 {
-            assert_eq!(census.objects, 5, "records outlive their idle workers");
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "workers idle out: {census:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_no_workers(&supervised.supervisor, 5, "workers idle out").await;
     supervised.stop().await;
 }
 
@@ -199,12 +221,7 @@ async fn a_waiting_worker_lets_go_of_the_body_and_handles_the_next_event() {
 /// The records stay, and the next event of an object starts a worker again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listed_objects_that_need_nothing_do_not_keep_a_worker_waiting() {
-    let handled = Arc::new(AtomicUsize::new(0));
-    let counter = handled.clone();
-    let func = handler_fn(move |_: Ctx| {
-        counter.fetch_add(1, Ordering::Relaxed);
-        async { Ok(()) }
-    });
+    let (handled, func) = counting();
     let names = ["w0", "w1", "w2", "w3", "w4"];
     // An event handler writes nothing: every listed object's cycle ends with nothing sent.
     let supervised = Supervised::start(&names, func, Duration::from_secs(600)).await;
@@ -212,19 +229,12 @@ async fn listed_objects_that_need_nothing_do_not_keep_a_worker_waiting() {
         handled.load(Ordering::Relaxed) >= 5
     })
     .await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let census = supervised.supervisor.send(Count).await.unwrap();
-        if census.workers == 0 {
-            assert_eq!(census.objects, 5, "the records stay");
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the workers stop long before the idle timeout: {census:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_no_workers(
+        &supervised.supervisor,
+        5,
+        "the workers stop long before the idle timeout",
+    )
+    .await;
 
     // A change after the listing: handled by a new worker, which waits as usual.
     let patch = json!({"spec": {"size": 7}});

@@ -166,6 +166,23 @@ mod emulator_only {
             self.widgets.get_opt("w1").await.unwrap()
         }
 
+        /// The widget, created with our finalizer and then deleted: as its deletion's first
+        /// event brings it.
+        async fn deleting(&self) -> DynamicObject {
+            let mut body =
+                serde_json::from_value::<DynamicObject>(samples::widget("w1", 1)).unwrap();
+            body.metadata.finalizers = Some(vec![FINALIZER.into()]);
+            self.widgets
+                .create(&PostParams::default(), &body)
+                .await
+                .unwrap();
+            self.widgets
+                .delete("w1", &DeleteParams::default())
+                .await
+                .unwrap();
+            self.get().await.unwrap()
+        }
+
         async fn resize(&self, size: i64) {
             let patch = json!({"spec": {"size": size}});
             self.widgets
@@ -656,22 +673,10 @@ mod emulator_only {
     async fn a_deletion_keeps_the_finalizer_while_daemons_stop_and_releases_it_after() {
         let seen = Seen::default();
         let mut handling = Handling::new(vec![]).await;
-        let mut body = serde_json::from_value::<DynamicObject>(samples::widget("w1", 1)).unwrap();
-        body.metadata.finalizers = Some(vec![FINALIZER.into()]);
-        handling
-            .widgets
-            .create(&PostParams::default(), &body)
-            .await
-            .unwrap();
-        handling
-            .widgets
-            .delete("w1", &DeleteParams::default())
-            .await
-            .unwrap();
+        let deleting = handling.deleting().await;
         let decided = Arc::new(Mutex::new(Vec::new()));
         let view = |blocking: bool| recording(&decided, blocking);
 
-        let deleting = handling.get().await.unwrap();
         let cycle = handling
             .cycle_on(
                 EventType::Modified,
@@ -734,18 +739,7 @@ mod emulator_only {
     async fn a_deletion_waiting_for_its_daemons_is_reported_processed_once() {
         let seen = Seen::default();
         let mut handling = Handling::new(vec![delete(&seen)]).await;
-        let mut body = serde_json::from_value::<DynamicObject>(samples::widget("w1", 1)).unwrap();
-        body.metadata.finalizers = Some(vec![FINALIZER.into()]);
-        handling
-            .widgets
-            .create(&PostParams::default(), &body)
-            .await
-            .unwrap();
-        handling
-            .widgets
-            .delete("w1", &DeleteParams::default())
-            .await
-            .unwrap();
+        let deleting = handling.deleting().await;
         let decided = Arc::new(Mutex::new(Vec::new()));
         let (_guard, log) = captured_log();
         let processed = |log: &Arc<Mutex<Vec<u8>>>| {
@@ -760,7 +754,6 @@ mod emulator_only {
                 .collect::<Vec<_>>()
         };
 
-        let deleting = handling.get().await.unwrap();
         let cycle = handling
             .cycle_on(
                 EventType::Modified,
