@@ -44,9 +44,10 @@
 //! timer running, the worker tells the supervisor, which stops it only if no event was sent since
 //! (the supervisor is the only sender, so none is in flight). A listed object whose first cycle
 //! found nothing to do (no request, nothing scheduled, as after a restart) does not wait: its
-//! worker reports idle at once. While it waits, a worker keeps the last event's body only when
-//! daemons, timers or reconcile handlers may still need it; a worker of changing and event
-//! handlers alone waits without it (the next cycle needs a next event).
+//! worker reports idle at once, unless the resource has daemons, timers or reconcile handlers
+//! (whose children's events follow their first run). While it waits, a worker keeps the last
+//! event's body only when daemons, timers or reconcile handlers may still need it; a worker of
+//! changing and event handlers alone waits without it (the next cycle needs a next event).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -457,11 +458,15 @@ impl ObjectWorker {
     /// out: it is most of a waiting worker's memory, and every object handled in the last
     /// `idle_timeout` has a waiting worker (after a restart over 100,000 objects, all of them).
     fn let_go_of_the_body(&mut self) {
-        let handlers = &self.shared.processor.handlers;
-        if self.shared.daemons.is_none() && handlers.reconcile.is_empty() && self.pending.is_none()
-        {
+        if !self.reads_the_last_event() && self.pending.is_none() {
             self.last = None;
         }
+    }
+
+    /// Whether something may use the last event while the worker is idle: daemons and timers,
+    /// reconcile handlers (whose children's events follow their first run, too).
+    fn reads_the_last_event(&self) -> bool {
+        self.shared.daemons.is_some() || !self.shared.processor.handlers.reconcile.is_empty()
     }
 
     /// Arms the timer: when it fires, the phase decides what it meant.
@@ -812,8 +817,10 @@ impl Handler<CycleDone> for ObjectWorker {
                     .is_some_and(|l| l.event_type == EventType::Deleted);
                 // A listed object that needed nothing (after a restart, most of them): nothing
                 // of ours is on its way back, nothing is due, so its worker need not wait for
-                // more events. The next one starts a worker again.
+                // more events. The next one starts a worker again. Not for reconcile handlers:
+                // the events of the children they just made or changed follow.
                 self.settled = self.listed
+                    && !self.reads_the_last_event()
                     && wrote_nothing
                     && cycle.next == Next::Idle
                     && cycle.wake.is_none()

@@ -13,6 +13,7 @@ use kactor_actors::tracker::Tracker;
 use kactor_emulator::samples;
 use kactor_reactor::handlers::{handler_fn, Ctx, EventHandler, HandlerFn, ResourceHandlers};
 use kactor_reactor::posting::EventPoster;
+use kactor_reactor::reconcile::{reconcile_fn, Action, Reconcile, ReconcileHandler};
 use kactor_reactor::resources::Selector;
 use kactor_reactor::settings::Settings;
 use kactor_testenv::TestCluster;
@@ -41,6 +42,25 @@ impl Supervised {
         func: HandlerFn,
         configure: impl FnOnce(&mut Settings),
     ) -> Supervised {
+        let handlers = |selector| ResourceHandlers {
+            event: vec![EventHandler {
+                id: "count".into(),
+                selector,
+                filters: Default::default(),
+                param: None,
+                func,
+            }],
+            ..ResourceHandlers::default()
+        };
+        Supervised::start_handling(widgets, handlers, configure).await
+    }
+
+    /// The widgets, supervised with the handlers `handlers` makes for their selector.
+    async fn start_handling(
+        widgets: &[&str],
+        handlers: impl FnOnce(Selector) -> ResourceHandlers,
+        configure: impl FnOnce(&mut Settings),
+    ) -> Supervised {
         let cluster = TestCluster::start().await.unwrap();
         let api = samples::install_widgets(&cluster.client()).await.unwrap();
         for name in widgets {
@@ -54,23 +74,14 @@ impl Supervised {
             .resolve(&resources)
             .unwrap()
             .clone();
-        let handler = EventHandler {
-            id: "count".into(),
-            selector: Selector::from(&resource),
-            filters: Default::default(),
-            param: None,
-            func,
-        };
+        let handlers = handlers(Selector::from(&resource));
         let mut settings = Settings::default();
         configure(&mut settings);
         let config = SupervisorConfig {
             resource: Arc::new(resource),
             namespace: Some("default".into()),
             client: cluster.client(),
-            handlers: Arc::new(ResourceHandlers {
-                event: vec![handler],
-                ..ResourceHandlers::default()
-            }),
+            handlers: Arc::new(handlers),
             poster: EventPoster::disabled(),
             settings: Arc::new(settings),
             runtime: tokio::runtime::Handle::current(),
@@ -253,6 +264,41 @@ async fn listed_objects_that_need_nothing_do_not_keep_a_worker_waiting() {
         census.workers, 1,
         "a watched event's worker waits: {census:?}"
     );
+    supervised.stop().await;
+}
+
+/// Reconcile handlers keep their listed objects' workers waiting even when the first run wrote
+/// nothing to the object: the events of the children it made or changed follow, and go to the
+/// waiting worker (starting a worker per parent again cost the owned benchmark a third more
+/// CPU).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconciled_listed_objects_keep_their_workers_waiting() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    let func = reconcile_fn(move |_: Ctx| {
+        counter.fetch_add(1, Ordering::Relaxed);
+        async { Ok(Action::await_change()) }
+    });
+    let handlers = |selector| ResourceHandlers {
+        reconcile: vec![ReconcileHandler {
+            selector,
+            options: Reconcile::id("reconcile"),
+            func,
+        }],
+        ..ResourceHandlers::default()
+    };
+    let names = ["w0", "w1", "w2"];
+    let supervised = Supervised::start_handling(&names, handlers, |settings| {
+        settings.queueing.idle_timeout = Duration::from_secs(600);
+    })
+    .await;
+    until("three listed objects reconciled", || {
+        runs.load(Ordering::Relaxed) >= 3
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let census = supervised.supervisor.send(Count).await.unwrap();
+    assert_eq!(census.workers, 3, "the workers wait: {census:?}");
     supervised.stop().await;
 }
 
