@@ -709,27 +709,43 @@ mod emulator_only {
         assert!(seen.take().is_empty());
     }
 
-    /// The log lines written while it lives, as the formatter writes them (no colours).
-    fn captured_log() -> (tracing::subscriber::DefaultGuard, Arc<Mutex<Vec<u8>>>) {
-        #[derive(Clone)]
-        struct Lines(Arc<Mutex<Vec<u8>>>);
+    /// The log lines this thread writes from now on, as the formatter writes them (no colours).
+    ///
+    /// One subscriber for the whole test binary, sorting lines by the thread that wrote them
+    /// (each test's cycles run on its own thread): a subscriber set for one thread alone missed
+    /// lines now and then while other tests logged on theirs.
+    fn captured_log() -> impl Fn() -> String {
+        type Threads = Mutex<std::collections::HashMap<std::thread::ThreadId, Vec<u8>>>;
+        static LINES: std::sync::OnceLock<Arc<Threads>> = std::sync::OnceLock::new();
+        struct Lines(Arc<Threads>);
         impl std::io::Write for Lines {
             fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(buf);
+                let thread = std::thread::current().id();
+                let mut lines = self.0.lock().unwrap();
+                lines.entry(thread).or_default().extend_from_slice(buf);
                 Ok(buf.len())
             }
             fn flush(&mut self) -> std::io::Result<()> {
                 Ok(())
             }
         }
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let writer = Lines(lines.clone());
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_max_level(tracing::Level::INFO)
-            .with_writer(move || writer.clone())
-            .finish();
-        (tracing::subscriber::set_default(subscriber), lines)
+        let lines = LINES.get_or_init(|| {
+            let lines = Arc::new(Threads::default());
+            let writer = lines.clone();
+            let subscriber = tracing_subscriber::fmt()
+                .with_ansi(false)
+                .with_max_level(tracing::Level::INFO)
+                .with_writer(move || Lines(writer.clone()))
+                .finish();
+            tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
+            lines
+        });
+        let thread = std::thread::current().id();
+        lines.lock().unwrap().remove(&thread);
+        move || {
+            let lines = lines.lock().unwrap();
+            String::from_utf8_lossy(lines.get(&thread).map_or(&[][..], Vec::as_slice)).into_owned()
+        }
     }
 
     /// A deletion's handlers ran while the object's daemons were still stopping: their records
@@ -741,9 +757,9 @@ mod emulator_only {
         let mut handling = Handling::new(vec![delete(&seen)]).await;
         let deleting = handling.deleting().await;
         let decided = Arc::new(Mutex::new(Vec::new()));
-        let (_guard, log) = captured_log();
-        let processed = |log: &Arc<Mutex<Vec<u8>>>| {
-            String::from_utf8_lossy(&log.lock().unwrap())
+        let log = captured_log();
+        let processed = |log: &dyn Fn() -> String| {
+            log()
                 .lines()
                 .filter(|line| line.contains("is processed"))
                 .map(|line| {
