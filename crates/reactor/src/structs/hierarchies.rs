@@ -210,12 +210,16 @@ where
     T: Serialize + DeserializeOwned,
 {
     edit(child, |object| {
-        let references = array(metadata(object), "ownerReferences");
-        if !references.iter().any(|r| r["uid"] == owner.uid.as_str()) {
-            references.push(owner.reference(true, true));
-        }
+        reference_in(object, owner);
         Ok(())
     })
+}
+
+fn reference_in(object: &mut Map<String, Value>, owner: &Owner) {
+    let references = array(metadata(object), "ownerReferences");
+    if !references.iter().any(|r| r["uid"] == owner.uid.as_str()) {
+        references.push(owner.reference(true, true));
+    }
 }
 
 /// Kopf's `remove_owner_reference`: the owner's reference (by uid) is removed, if there.
@@ -241,20 +245,29 @@ where
     T: Serialize + DeserializeOwned,
 {
     edit(child, |object| {
-        apply_labels(metadata(object), labels, forced);
-        for path in nested {
-            let mut place = Some(&mut *object);
-            for key in path.split('.').filter(|k| !k.is_empty()) {
-                place = place
-                    .and_then(|p| p.get_mut(key))
-                    .and_then(Value::as_object_mut);
-            }
-            if let Some(inner) = place {
-                apply_labels(metadata(inner), labels, forced);
-            }
-        }
+        labels_in(object, labels, forced, nested.iter().copied());
         Ok(())
     })
+}
+
+fn labels_in<'a>(
+    object: &mut Map<String, Value>,
+    labels: &BTreeMap<String, String>,
+    forced: bool,
+    nested: impl IntoIterator<Item = &'a str>,
+) {
+    apply_labels(metadata(object), labels, forced);
+    for path in nested {
+        let mut place = Some(&mut *object);
+        for key in path.split('.').filter(|k| !k.is_empty()) {
+            place = place
+                .and_then(|p| p.get_mut(key))
+                .and_then(Value::as_object_mut);
+        }
+        if let Some(inner) = place {
+            apply_labels(metadata(inner), labels, forced);
+        }
+    }
 }
 
 fn apply_labels(
@@ -288,21 +301,25 @@ where
     T: Serialize + DeserializeOwned,
 {
     edit(child, |object| {
-        let metadata = metadata(object);
-        let named = ["name", "generateName"]
-            .iter()
-            .any(|key| metadata.get(*key).is_some_and(|v| !v.is_null()));
-        if forced || !named {
-            if strict {
-                metadata.insert("name".into(), json!(name));
-                metadata.remove("generateName");
-            } else {
-                metadata.insert("generateName".into(), json!(format!("{name}-")));
-                metadata.remove("name");
-            }
-        }
+        naming_in(object, name, forced, strict);
         Ok(())
     })
+}
+
+fn naming_in(object: &mut Map<String, Value>, name: &str, forced: bool, strict: bool) {
+    let metadata = metadata(object);
+    let named = ["name", "generateName"]
+        .iter()
+        .any(|key| metadata.get(*key).is_some_and(|v| !v.is_null()));
+    if forced || !named {
+        if strict {
+            metadata.insert("name".into(), json!(name));
+            metadata.remove("generateName");
+        } else {
+            metadata.insert("generateName".into(), json!(format!("{name}-")));
+            metadata.remove("name");
+        }
+    }
 }
 
 /// Kopf's `adjust_namespace`: the child gets this namespace unless it has one (or always, if
@@ -319,12 +336,16 @@ where
         return Ok(());
     };
     edit(child, |object| {
-        let metadata = metadata(object);
-        if forced || metadata.get("namespace").is_none_or(Value::is_null) {
-            metadata.insert("namespace".into(), json!(namespace));
-        }
+        namespace_in(object, namespace, forced);
         Ok(())
     })
+}
+
+fn namespace_in(object: &mut Map<String, Value>, namespace: &str, forced: bool) {
+    let metadata = metadata(object);
+    if forced || metadata.get("namespace").is_none_or(Value::is_null) {
+        metadata.insert("namespace".into(), json!(namespace));
+    }
 }
 
 /// Kopf's `adopt`: the child owned by `owner`, named after it, in its namespace, with its labels.
@@ -332,11 +353,17 @@ pub fn adopt<T>(child: &mut T, owner: &Owner, adoption: &Adoption) -> Result<(),
 where
     T: Serialize + DeserializeOwned,
 {
-    append_owner_reference(child, owner)?;
-    harmonize_naming(child, &owner.name, adoption.forced, adoption.strict)?;
-    adjust_namespace(child, owner.namespace.as_deref(), adoption.forced)?;
-    let nested: Vec<&str> = adoption.nested.iter().map(String::as_str).collect();
-    label(child, &owner.labels, adoption.forced, &nested)
+    // One trip through JSON for the four changes (each alone makes its own).
+    edit(child, |object| {
+        reference_in(object, owner);
+        naming_in(object, &owner.name, adoption.forced, adoption.strict);
+        if let Some(namespace) = owner.namespace.as_deref() {
+            namespace_in(object, namespace, adoption.forced);
+        }
+        let nested = adoption.nested.iter().map(String::as_str);
+        labels_in(object, &owner.labels, adoption.forced, nested);
+        Ok(())
+    })
 }
 
 #[cfg(test)]
@@ -413,6 +440,44 @@ mod tests {
         let mut child = json!({});
         adjust_namespace(&mut child, None, true).unwrap();
         assert_eq!(child, json!({}));
+    }
+
+    #[test]
+    fn adopting_is_the_four_steps_in_kopfs_order() {
+        let children = [
+            json!({}),
+            json!({"metadata": {"name": "own", "namespace": "mine", "labels": {"app": "mine"}}}),
+            json!({"metadata": {"generateName": "g-", "ownerReferences": [{"uid": "uid-1"}]},
+                   "spec": {"template": {"metadata": {"labels": {"app": "pod"}}}}}),
+            json!({"metadata": null, "spec": {"template": {}}}),
+        ];
+        let adoptions = [
+            Adoption::default(),
+            Adoption::default().forced(),
+            Adoption::default().strict().nested("spec.template"),
+            Adoption::default()
+                .forced()
+                .strict()
+                .nested("spec.template"),
+        ];
+        let owners = [parent(), Owner::new("v1", "Node", "n1", "uid-2")];
+        for child in &children {
+            for adoption in &adoptions {
+                for owner in &owners {
+                    let mut adopted = child.clone();
+                    adopt(&mut adopted, owner, adoption).unwrap();
+                    let mut stepped = child.clone();
+                    append_owner_reference(&mut stepped, owner).unwrap();
+                    harmonize_naming(&mut stepped, &owner.name, adoption.forced, adoption.strict)
+                        .unwrap();
+                    adjust_namespace(&mut stepped, owner.namespace.as_deref(), adoption.forced)
+                        .unwrap();
+                    let nested: Vec<&str> = adoption.nested.iter().map(String::as_str).collect();
+                    label(&mut stepped, &owner.labels, adoption.forced, &nested).unwrap();
+                    assert_eq!(adopted, stepped, "{child} {adoption:?} {owner:?}");
+                }
+            }
+        }
     }
 
     #[test]
