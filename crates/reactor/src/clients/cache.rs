@@ -231,6 +231,29 @@ impl Store {
 
 impl State {
     fn insert(&mut self, key: CacheKey, object: Arc<DynamicObject>) {
+        let uids = || {
+            object
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .map(|owner| owner.uid.as_str())
+        };
+        // A newer version of a held object with the same owners (most changes): replaced in place,
+        // the owners' index as it is.
+        if let Some(entry) = self.objects.get_mut(&key) {
+            if entry.owners.iter().map(|uid| &**uid).eq(uids()) {
+                let bytes = json_size(&object);
+                self.bytes = self.bytes.saturating_sub(entry.bytes) + bytes;
+                *entry = Entry {
+                    object,
+                    bytes,
+                    owners: std::mem::take(&mut entry.owners),
+                    ours: false,
+                };
+                return;
+            }
+        }
         self.remove(&key);
         let owners: Vec<Arc<str>> = object
             .metadata
@@ -621,6 +644,30 @@ mod tests {
         assert_eq!(cache.owned_by(&owner).len(), 1);
         store.apply(EventType::Deleted, &pod("a", "p1", "5", Some("o1"), "web"));
         assert!(cache.owned_by(&owner).is_empty());
+    }
+
+    #[test]
+    fn a_newer_version_with_the_same_owners_keeps_the_index_and_the_byte_count_true() {
+        let store = store();
+        let cache = store.cache();
+        let owner: DynamicObject =
+            serde_json::from_value(json!({"metadata": {"name": "rs", "uid": "o1"}})).unwrap();
+        store.apply(EventType::Added, &pod("a", "p1", "1", Some("o1"), "web"));
+        store.apply(EventType::Added, &pod("a", "p2", "2", Some("o1"), "web"));
+        let longer = pod("a", "p1", "3", Some("o1"), "a-much-longer-label-value");
+        store.apply(EventType::Modified, &longer);
+        cache.remember((*pod("a", "p2", "4", Some("o1"), "db")).clone());
+        let mut owned: Vec<_> = cache
+            .owned_by(&owner)
+            .iter()
+            .map(|p| p.metadata.resource_version.clone().unwrap())
+            .collect();
+        owned.sort();
+        assert_eq!(owned, ["3", "4"]);
+        let state = store.read();
+        let sizes = json_size(&longer) + json_size(&pod("a", "p2", "4", Some("o1"), "db"));
+        assert_eq!(state.bytes, sizes);
+        assert_eq!(state.owners.len(), 1);
     }
 
     #[test]
