@@ -170,7 +170,7 @@ fn controller(api: Api<DynamicObject>, concurrency: Option<u16>) -> Running {
 
 fn kactor(emulator: &Emulator, loggers: bool) -> Running {
     let operator = Operator::new()
-        .client(emulator.client())
+        .kube_config(emulator.config())
         .standalone()
         .settings(|s| s.posting.loggers = loggers)
         .on_create("widgets.example.com", HANDLER, |_ctx: Ctx| async move {

@@ -83,7 +83,11 @@ impl Operator {
             .iter()
             .filter_map(|crd| crd.metadata.name.clone())
             .collect();
-        let operator = self.client(client).standalone().liveness(&liveness);
+        // Built from the configuration, not handed the emulator's client: one request buffer.
+        let operator = self
+            .kube_config(emulator.config())
+            .standalone()
+            .liveness(&liveness);
         let emulated = Emulated {
             emulator,
             kubeconfig,

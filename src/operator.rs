@@ -81,7 +81,7 @@ mod run;
 pub struct Operator {
     registry: Registry,
     settings: Settings,
-    client: Option<kube::Client>,
+    connection: Option<Connection>,
     scope: Scope,
     memo: Memo,
     switch: PauseSwitch,
@@ -120,7 +120,7 @@ impl Operator {
         Operator {
             registry: Registry::default(),
             settings: Settings::default(),
-            client: None,
+            connection: None,
             scope: Scope::ClusterWide,
             memo: Memo::default(),
             switch: PauseSwitch::new(),
@@ -154,8 +154,34 @@ impl Operator {
     }
 
     /// Uses this client instead of finding credentials.
+    ///
+    /// Every request of the operator is counted in its metrics, whoever built the client. A client
+    /// handed in ready-made is counted through a second request buffer wrapped around it (one more
+    /// task hop per request); where you have the client's configuration,
+    /// [`kube_config`](Self::kube_config) avoids that.
     pub fn client(mut self, client: kube::Client) -> Self {
-        self.client = Some(client);
+        self.connection = Some(Connection::Client(client));
+        self
+    }
+
+    /// Connects with this configuration instead of finding credentials: a kubeconfig's context of
+    /// your choosing, a token, an emulator's `config()`. The operator builds its client from it as
+    /// it does from the credentials it finds, with its request metering inside kube's one request
+    /// buffer. The last of `client` and `kube_config` given is used.
+    ///
+    /// ```no_run
+    /// # use kactor::prelude::*;
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let options = kube::config::KubeConfigOptions {
+    ///     context: Some("staging".into()),
+    ///     ..Default::default()
+    /// };
+    /// let config = kube::Config::from_kubeconfig(&options).await?;
+    /// let operator = Operator::new().kube_config(config);
+    /// # Ok(()) }
+    /// ```
+    pub fn kube_config(mut self, config: kube::Config) -> Self {
+        self.connection = Some(Connection::Config(Box::new(config)));
         self
     }
 
@@ -1212,7 +1238,7 @@ impl Operator {
             peering: &self.peering,
             leader_election: self.leader_election.as_ref(),
             sharding: self.sharding.as_ref(),
-            client: self.client.as_ref(),
+            connection: self.connection.as_ref(),
             crds: &self.crds,
             extra: &self.permissions,
             webhooks: (!self.registry.admission_handlers.is_empty())
@@ -1231,6 +1257,13 @@ impl Operator {
     }
 }
 
+/// How the operator connects, when told ([`Operator::client`], [`Operator::kube_config`]); else it
+/// finds credentials as kubectl does.
+pub(crate) enum Connection {
+    Client(kube::Client),
+    Config(Box<kube::Config>),
+}
+
 /// What an operator's RBAC derives from, borrowed from it (see [`Operator`]'s `blueprint`).
 pub(crate) struct Blueprint<'a> {
     /// Every resource served ([`Operator::selectors`]).
@@ -1239,7 +1272,8 @@ pub(crate) struct Blueprint<'a> {
     pub(crate) peering: &'a PeeringSettings,
     pub(crate) leader_election: Option<&'a LeaseSettings>,
     pub(crate) sharding: Option<&'a RingSettings>,
-    pub(crate) client: Option<&'a kube::Client>,
+    /// What the operator was told to connect with, if anything.
+    pub(crate) connection: Option<&'a Connection>,
     pub(crate) crds: &'a [CustomResourceDefinition],
     pub(crate) extra: &'a [Extra],
     /// The managed webhook configurations' name, when there are admission handlers.

@@ -44,7 +44,7 @@ use serde_json::Value;
 use crate::cli::RbacArgs;
 pub use crate::error::RbacError;
 use crate::error::Result;
-use crate::operator::{Blueprint, Extra, Operator};
+use crate::operator::{Blueprint, Connection, Extra, Operator};
 use crate::scope::Served;
 
 /// The RBAC API group.
@@ -642,15 +642,18 @@ async fn discover(
         selector: selector.to_string(),
         reason,
     };
-    let client = match blueprint.client {
-        Some(client) => client.clone(),
-        None => {
-            let config = kube::Config::infer().await.map_err(|e| {
-                unresolved(format!(
-                    "no usable Kubernetes credentials ({})",
-                    discovery::one_line(&e.to_string())
-                ))
-            })?;
+    let client = match blueprint.connection {
+        Some(Connection::Client(client)) => client.clone(),
+        connection => {
+            let config = match connection {
+                Some(Connection::Config(config)) => (**config).clone(),
+                _ => kube::Config::infer().await.map_err(|e| {
+                    unresolved(format!(
+                        "no usable Kubernetes credentials ({})",
+                        discovery::one_line(&e.to_string())
+                    ))
+                })?,
+            };
             kube::Client::try_from(config)
                 .map_err(|e| unresolved(discovery::one_line(&e.to_string())))?
         }

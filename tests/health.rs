@@ -277,6 +277,49 @@ async fn the_first_scrape_shows_every_resources_counters_and_gauges_at_zero() {
     running.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_connected_by_configuration_counts_every_request() {
+    let (cluster, widgets) = cluster_with_widgets().await;
+    let port = free_port();
+    // Built from the configuration (as `--emulator` builds it), not handed a client: the metering
+    // sits inside the client kactor builds.
+    let running = spawn(
+        Operator::new()
+            .kube_config(cluster.config())
+            .standalone()
+            .liveness(&format!("http://127.0.0.1:{port}/healthz"))
+            .settings(quick_health)
+            .on_create(
+                ("example.com", "v1", "widgets"),
+                "create_fn",
+                |_: Ctx| async { Ok(json!({"done": true})) },
+            ),
+    );
+    for name in ["w1", "w2"] {
+        let widget = serde_json::from_value(samples::widget(name, 1)).unwrap();
+        widgets
+            .create(&PostParams::default(), &widget)
+            .await
+            .unwrap();
+    }
+    let requests = |body: &str, verb: &str| -> f64 {
+        parse_exposition(body)
+            .iter()
+            .filter(|s| s.name == "kactor_api_requests_total" && s.label("verb") == Some(verb))
+            .map(|s| s.value)
+            .sum()
+    };
+    let text = until_answer(port, "/metrics", "both widgets' patches", |code, body| {
+        code == 200 && requests(body, "patch") >= 4.0
+    })
+    .await;
+    assert!(requests(&text, "list") >= 1.0, "{text}");
+    assert!(requests(&text, "watch") >= 1.0, "{text}");
+    let handled = widgets.get("w2").await.unwrap();
+    assert_eq!(handled.data["status"]["create_fn"], json!({"done": true}));
+    running.stop().await;
+}
+
 /// One sample of the text exposition format.
 #[derive(Debug)]
 struct Sample {
