@@ -369,7 +369,7 @@ struct Running {
 
 fn start(emulator: &Emulator, narrator: &Narrator, health_port: u16) -> Running {
     let operator = operator(narrator)
-        .client(emulator.client())
+        .kube_config(emulator.config())
         .standalone()
         .liveness(&format!("http://127.0.0.1:{health_port}/healthz"))
         .settings(|s| s.queueing.exit_timeout = Duration::from_secs(1));
