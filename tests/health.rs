@@ -68,14 +68,7 @@ async fn a_handler_blocking_an_executor_thread_fails_liveness() {
 async fn metrics_parse_as_prometheus_text_and_move_as_objects_are_handled() {
     let (cluster, widgets) = cluster_with_widgets().await;
     let port = free_port();
-    let operator = operator(&cluster)
-        .liveness(&format!("http://127.0.0.1:{port}/healthz"))
-        .settings(quick_health)
-        .on_create(
-            ("example.com", "v1", "widgets"),
-            "create_fn",
-            |_: Ctx| async { Ok(json!({"done": true})) },
-        );
+    let operator = served_with_a_create_handler(operator(&cluster), port);
     let mine =
         kactor::prometheus::IntCounter::new("myop_custom_total", "The application's own").unwrap();
     operator
@@ -94,18 +87,11 @@ async fn metrics_parse_as_prometheus_text_and_move_as_objects_are_handled() {
     }
     let runs = r#"kactor_handler_runs_total{handler="create_fn",resource="widgets.v1.example.com",result="success"} 3"#;
     // The runs are counted when the handlers return, their patches once the API answered them.
-    let patches = |body: &str| -> f64 {
-        parse_exposition(body)
-            .iter()
-            .filter(|s| s.name == "kactor_api_requests_total" && s.label("verb") == Some("patch"))
-            .map(|s| s.value)
-            .sum()
-    };
     let text = until_answer(
         port,
         "/metrics",
         "three runs and their patches",
-        |code, body| code == 200 && body.contains(runs) && patches(body) >= 6.0,
+        |code, body| code == 200 && body.contains(runs) && requests(body, "patch") >= 6.0,
     )
     .await;
 
@@ -283,18 +269,10 @@ async fn an_operator_connected_by_configuration_counts_every_request() {
     let port = free_port();
     // Built from the configuration (as `--emulator` builds it), not handed a client: the metering
     // sits inside the client kactor builds.
-    let running = spawn(
-        Operator::new()
-            .kube_config(cluster.config())
-            .standalone()
-            .liveness(&format!("http://127.0.0.1:{port}/healthz"))
-            .settings(quick_health)
-            .on_create(
-                ("example.com", "v1", "widgets"),
-                "create_fn",
-                |_: Ctx| async { Ok(json!({"done": true})) },
-            ),
-    );
+    let running = spawn(served_with_a_create_handler(
+        Operator::new().kube_config(cluster.config()).standalone(),
+        port,
+    ));
     for name in ["w1", "w2"] {
         let widget = serde_json::from_value(samples::widget(name, 1)).unwrap();
         widgets
@@ -302,13 +280,6 @@ async fn an_operator_connected_by_configuration_counts_every_request() {
             .await
             .unwrap();
     }
-    let requests = |body: &str, verb: &str| -> f64 {
-        parse_exposition(body)
-            .iter()
-            .filter(|s| s.name == "kactor_api_requests_total" && s.label("verb") == Some(verb))
-            .map(|s| s.value)
-            .sum()
-    };
     let text = until_answer(port, "/metrics", "both widgets' patches", |code, body| {
         code == 200 && requests(body, "patch") >= 4.0
     })
@@ -318,6 +289,28 @@ async fn an_operator_connected_by_configuration_counts_every_request() {
     let handled = widgets.get("w2").await.unwrap();
     assert_eq!(handled.data["status"]["create_fn"], json!({"done": true}));
     running.stop().await;
+}
+
+/// The operator serving health and metrics on `port`, with quick health thresholds and a create
+/// handler returning `{"done": true}`.
+fn served_with_a_create_handler(operator: Operator, port: u16) -> Operator {
+    operator
+        .liveness(&format!("http://127.0.0.1:{port}/healthz"))
+        .settings(quick_health)
+        .on_create(
+            ("example.com", "v1", "widgets"),
+            "create_fn",
+            |_: Ctx| async { Ok(json!({"done": true})) },
+        )
+}
+
+/// The API requests of this verb counted in a rendering of the metrics, over every code.
+fn requests(metrics: &str, verb: &str) -> f64 {
+    parse_exposition(metrics)
+        .iter()
+        .filter(|s| s.name == "kactor_api_requests_total" && s.label("verb") == Some(verb))
+        .map(|s| s.value)
+        .sum()
 }
 
 /// One sample of the text exposition format.
