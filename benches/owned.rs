@@ -3,7 +3,7 @@
 //! embedded emulator (issue 21's proof).
 //!
 //! Run by hand: `cargo bench --bench owned` (10000 parents, 3 rounds; `KACTOR_BENCH_OBJECTS=N` and
-//! `KACTOR_BENCH_ROUNDS=K` to change); under `cargo test --all-targets` it makes a quick run with
+//! `KACTOR_BENCH_REPEAT=K` to change); under `cargo test --all-targets` it makes a quick run with
 //! 200 and one round instead.
 //!
 //! Every contender gets a fresh emulator holding the same widgets (the parents), created before it
@@ -717,12 +717,9 @@ fn describe_requests(requests: support::Requests, objects: usize) -> String {
 /// Which phase of a contender's figures.
 type PhaseOf = fn(&Figures) -> &Phase;
 
-/// A contender's round whose `phase` took the median time (the slower of the middle two for an
-/// even count).
+/// A contender's round whose `phase` took the median time.
 fn median_round(rounds: &[Figures], phase: PhaseOf) -> &Figures {
-    let mut sorted: Vec<&Figures> = rounds.iter().collect();
-    sorted.sort_by_key(|f| phase(f).elapsed);
-    sorted[sorted.len() / 2]
+    support::median_by(rounds, |f| phase(f).elapsed.as_secs_f64()).0
 }
 
 fn print_phase(title: &str, all: &[Vec<Figures>], phase: PhaseOf, objects: usize) {
@@ -889,11 +886,7 @@ async fn main() {
     // This machine's speed drifts by a third within a minute (other tenants): every contender
     // runs in each round, each round starting with the next one, and the tables give each
     // contender's median round.
-    let rounds = std::env::var("KACTOR_BENCH_ROUNDS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .filter(|&n: &usize| n > 0)
-        .unwrap_or(if measuring { 3 } else { 1 });
+    let rounds = support::repeats();
     let mut all: Vec<Vec<Figures>> = contenders.iter().map(|_| Vec::new()).collect();
     for round in 0..rounds {
         println!("round {} of {rounds}", round + 1);

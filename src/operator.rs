@@ -1264,6 +1264,20 @@ pub(crate) enum Connection {
     Config(Box<kube::Config>),
 }
 
+impl Connection {
+    /// What to connect with: the client or configuration given, else the configuration found as
+    /// kubectl finds it (`KUBECONFIG`, `~/.kube/config`, the pod's service account).
+    pub(crate) async fn resolve(
+        given: Option<&Connection>,
+    ) -> std::result::Result<Connection, kube::config::InferConfigError> {
+        Ok(match given {
+            Some(Connection::Client(client)) => Connection::Client(client.clone()),
+            Some(Connection::Config(config)) => Connection::Config(config.clone()),
+            None => Connection::Config(Box::new(kube::Config::infer().await?)),
+        })
+    }
+}
+
 /// What an operator's RBAC derives from, borrowed from it (see [`Operator`]'s `blueprint`).
 pub(crate) struct Blueprint<'a> {
     /// Every resource served ([`Operator::selectors`]).

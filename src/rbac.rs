@@ -642,21 +642,18 @@ async fn discover(
         selector: selector.to_string(),
         reason,
     };
-    let client = match blueprint.connection {
-        Some(Connection::Client(client)) => client.clone(),
-        connection => {
-            let config = match connection {
-                Some(Connection::Config(config)) => (**config).clone(),
-                _ => kube::Config::infer().await.map_err(|e| {
-                    unresolved(format!(
-                        "no usable Kubernetes credentials ({})",
-                        discovery::one_line(&e.to_string())
-                    ))
-                })?,
-            };
-            kube::Client::try_from(config)
-                .map_err(|e| unresolved(discovery::one_line(&e.to_string())))?
-        }
+    let connection = Connection::resolve(blueprint.connection)
+        .await
+        .map_err(|e| {
+            unresolved(format!(
+                "no usable Kubernetes credentials ({})",
+                discovery::one_line(&e.to_string())
+            ))
+        })?;
+    let client = match connection {
+        Connection::Client(client) => client,
+        Connection::Config(config) => kube::Client::try_from(*config)
+            .map_err(|e| unresolved(discovery::one_line(&e.to_string())))?,
     };
     Ok(discovery::scan(&client)
         .await

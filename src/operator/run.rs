@@ -55,22 +55,16 @@ impl Operator {
             Arc::new(Tee(all))
         };
         // Every request of the operator is counted, whoever built the client.
-        let client = match &self.connection {
-            Some(Connection::Client(client)) => metered(client.clone(), observer.clone()),
-            connection => {
-                let credentials =
-                    |e: kube::Error| Error::Credentials(discovery::one_line(&e.to_string()));
-                let config = match connection {
-                    Some(Connection::Config(config)) => (**config).clone(),
-                    _ => kube::Config::infer()
-                        .await
-                        .map_err(|e| credentials(kube::Error::InferConfig(e)))?,
-                };
-                kube::client::ClientBuilder::try_from(config)
-                    .map_err(credentials)?
-                    .with_layer(&MeteredLayer(observer.clone()))
-                    .build()
-            }
+        let credentials = |e: kube::Error| Error::Credentials(discovery::one_line(&e.to_string()));
+        let connection = Connection::resolve(self.connection.as_ref())
+            .await
+            .map_err(|e| credentials(kube::Error::InferConfig(e)))?;
+        let client = match connection {
+            Connection::Client(client) => metered(client, observer.clone()),
+            Connection::Config(config) => kube::client::ClientBuilder::try_from(*config)
+                .map_err(credentials)?
+                .with_layer(&MeteredLayer(observer.clone()))
+                .build(),
         };
         let activity_ctx = ActivityCtx {
             memo: self.memo.clone(),

@@ -596,6 +596,11 @@ mod tests {
         Arc::new(serde_json::from_value(value).unwrap())
     }
 
+    /// The owner the pods name by `uid`.
+    fn replica_set(uid: &str) -> DynamicObject {
+        serde_json::from_value(json!({"metadata": {"name": "rs", "uid": uid}})).unwrap()
+    }
+
     fn store() -> Store {
         Store::new(pods(), Arc::new(NoObserver))
     }
@@ -630,8 +635,7 @@ mod tests {
         assert!(cache
             .matching(Some("a"), &[("app", "web"), ("tier", "x")])
             .is_empty());
-        let owner: DynamicObject =
-            serde_json::from_value(json!({"metadata": {"name": "rs", "uid": "o1"}})).unwrap();
+        let owner = replica_set("o1");
         let mut owned: Vec<_> = cache
             .owned_by(&owner)
             .iter()
@@ -650,8 +654,7 @@ mod tests {
     fn a_newer_version_with_the_same_owners_keeps_the_index_and_the_byte_count_true() {
         let store = store();
         let cache = store.cache();
-        let owner: DynamicObject =
-            serde_json::from_value(json!({"metadata": {"name": "rs", "uid": "o1"}})).unwrap();
+        let owner = replica_set("o1");
         store.apply(EventType::Added, &pod("a", "p1", "1", Some("o1"), "web"));
         store.apply(EventType::Added, &pod("a", "p2", "2", Some("o1"), "web"));
         let longer = pod("a", "p1", "3", Some("o1"), "a-much-longer-label-value");
