@@ -37,7 +37,8 @@
 //! and wakes itself when a requeue or a retry comes due ([`Cycle::wake`]). A trigger runs a cycle
 //! on the newest body the worker has, as an event would (never two at once); triggers that come
 //! while a cycle runs are gathered into the next one, and never replace a pending event (they join
-//! it). A due wake keeps the worker from idling out; a pause drops the timer (the due time stays in
+//! it). A trigger (or a skipped event carrying triggers) that reaches a worker whose only body is a
+//! version our own later write superseded waits for the next event, that write's. A due wake keeps the worker from idling out; a pause drops the timer (the due time stays in
 //! the object's memory, and the listing after the resume brings the object back).
 //!
 //! **Idling**: after `queueing.idle_timeout` with nothing to do, nothing scheduled and no daemon or
@@ -311,6 +312,10 @@ pub struct ObjectWorker {
     listed: bool,
     /// That cycle found nothing to do: the worker stops without waiting out the idle timeout.
     settled: bool,
+    /// Reconcile triggers that came with a version our own later write superseded, to a worker
+    /// with no other body: they join the next event (that write's, which follows), and hold the
+    /// worker from idling out until it comes.
+    held: Option<Box<Triggers>>,
 }
 
 impl ObjectWorker {
@@ -348,6 +353,7 @@ impl ObjectWorker {
             departing,
             listed: false,
             settled: false,
+            held: None,
         }
     }
 
@@ -356,8 +362,9 @@ impl ObjectWorker {
         let facts = Facts {
             // The arriving event is not pending yet: only `Hold` makes it so.
             pending: self.pending.is_some(),
-            // A due wake holds the worker as a daemon does: it must not idle out before it.
-            holding: self.holding() > 0 || self.wake.is_some(),
+            // A due wake holds the worker as a daemon does: it must not idle out before it; so do
+            // triggers held for the next event.
+            holding: self.holding() > 0 || self.wake.is_some() || self.held.is_some(),
             recheck: self.recheck,
             last_deleted: self
                 .last
@@ -525,12 +532,26 @@ impl ObjectWorker {
                 deliver.event_type = newest.event_type;
             }
             // A new worker: the sender's body, unless it is a version our own later write
-            // superseded (that write's event follows).
-            None if self.is_superseded(&deliver) => return,
+            // superseded: that write's event follows, and the triggers wait for it.
+            None if self.is_superseded(&deliver) => {
+                self.hold(std::mem::take(&mut deliver.triggers));
+                return;
+            }
             None => {}
         }
         self.arriving = Some(deliver);
         self.apply(Input::Event, ctx);
+    }
+
+    /// Keeps triggers for the next event.
+    fn hold(&mut self, triggers: Triggers) {
+        if triggers.is_empty() {
+            return;
+        }
+        match &mut self.held {
+            Some(held) => held.absorb(triggers),
+            None => self.held = Some(Box::new(triggers)),
+        }
     }
 
     /// Whether the operator lets daemons and timers start now.
@@ -731,20 +752,35 @@ impl Actor for ObjectWorker {
 impl Handler<Deliver> for ObjectWorker {
     type Result = ();
 
-    fn handle(&mut self, event: Deliver, ctx: &mut Context<Self>) {
+    fn handle(&mut self, mut event: Deliver, ctx: &mut Context<Self>) {
         if event.synthetic {
             self.last_seq = self.last_seq.max(event.seq);
             self.triggered(event, ctx);
             return;
         }
         if self.is_superseded(&event) {
+            // Triggers coalesced into it (while the memory was on its way back) are not lost:
+            // they run on the body the worker has, or wait for the next event.
+            let triggers = std::mem::take(&mut event.triggers);
             // Each version comes once: forgotten when seen.
             let rv = event.body.metadata.resource_version.as_deref();
             self.superseded.retain(|v| Some(v.as_str()) != rv);
             // Seen, so that the supervisor may still let the worker idle out.
             self.last_seq = self.last_seq.max(event.seq);
             tracing::debug!(object = %self.key, "An event of our own patch's intermediate version is skipped; the version it led to follows.");
+            if self.newest_body().is_none() {
+                self.hold(triggers);
+            } else if !triggers.is_empty() {
+                event.triggers = triggers;
+                event.synthetic = true;
+                self.triggered(event, ctx);
+            }
             return;
+        }
+        if let Some(held) = self.held.take() {
+            let mut triggers = *held;
+            triggers.absorb(std::mem::take(&mut event.triggers));
+            event.triggers = triggers;
         }
         self.observe(&event, ctx);
         if let (Some(departing), Some(shard)) =
