@@ -664,11 +664,14 @@ impl ObjectWorker {
             ObjectMemory::default()
         });
         let address = ctx.address();
-        let cycle = async move {
+        // Boxed where it is made: the cycle's future is a few KB, and a task holding it inline
+        // copies it at every move (into its span, the tracker's wrapper, the task) and is
+        // allocated 128-byte aligned, which glibc serves slowly; boxed, those move a pointer.
+        let cycle = Box::pin(async move {
             let result = processor.process(input, &mut memory).await;
             drop(admission);
             address.do_send(CycleDone { result, memory });
-        };
+        });
         self.shared
             .tracker
             .spawn(&self.shared.runtime, cycle.instrument(span));
