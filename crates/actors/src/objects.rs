@@ -29,8 +29,8 @@
 //! * A factory that panics, or an object that cannot be read as [`ObjectActor::Resource`], leaves
 //!   the object without an actor (logged; lifecycle calls fail and are retried) until its next event.
 
+use foldhash::{HashMap, HashMapExt};
 use std::any::Any;
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::ops::Deref;

@@ -29,7 +29,7 @@
 //!   cannot recover from (the resource is no longer served, or the request is rejected) ends the
 //!   supervisor, logged; the operator drops it or starts it again when discovery says so.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::sync::Arc;
 use tokio::time::Instant;
 

@@ -1,6 +1,6 @@
 //! The handler tasks in flight, so that shutdown can let them finish within a timeout and cancel the rest.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
