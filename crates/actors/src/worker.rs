@@ -38,8 +38,10 @@
 //! on the newest body the worker has, as an event would (never two at once); triggers that come
 //! while a cycle runs are gathered into the next one, and never replace a pending event (they join
 //! it). A trigger (or a skipped event carrying triggers) that reaches a worker whose only body is a
-//! version our own later write superseded waits for the next event, that write's. A due wake keeps the worker from idling out; a pause drops the timer (the due time stays in
-//! the object's memory, and the listing after the resume brings the object back).
+//! version our own later write superseded waits for the next delivery that runs a cycle (that
+//! write's event follows). A due wake keeps the worker from idling out; a pause drops the timer
+//! (the due time stays in the object's memory, and the listing after the resume brings the object
+//! back).
 //!
 //! **Idling**: after `queueing.idle_timeout` with nothing to do, nothing scheduled and no daemon or
 //! timer running, the worker tells the supervisor, which stops it only if no event was sent since
@@ -313,8 +315,8 @@ pub struct ObjectWorker {
     /// That cycle found nothing to do: the worker stops without waiting out the idle timeout.
     settled: bool,
     /// Reconcile triggers that came with a version our own later write superseded, to a worker
-    /// with no other body: they join the next event (that write's, which follows), and hold the
-    /// worker from idling out until it comes.
+    /// with no other body: they join the next delivery that runs a cycle (that write's event
+    /// follows), and hold the worker from idling out until it comes.
     held: Option<Box<Triggers>>,
 }
 
@@ -539,11 +541,21 @@ impl ObjectWorker {
             }
             None => {}
         }
+        self.join_held(&mut deliver);
         self.arriving = Some(deliver);
         self.apply(Input::Event, ctx);
     }
 
-    /// Keeps triggers for the next event.
+    /// The held triggers join this delivery, which runs a cycle (before its own: they came first).
+    fn join_held(&mut self, deliver: &mut Deliver) {
+        if let Some(held) = self.held.take() {
+            let mut triggers = *held;
+            triggers.absorb(std::mem::take(&mut deliver.triggers));
+            deliver.triggers = triggers;
+        }
+    }
+
+    /// Keeps triggers for the next delivery that runs a cycle.
     fn hold(&mut self, triggers: Triggers) {
         if triggers.is_empty() {
             return;
@@ -780,11 +792,7 @@ impl Handler<Deliver> for ObjectWorker {
             }
             return;
         }
-        if let Some(held) = self.held.take() {
-            let mut triggers = *held;
-            triggers.absorb(std::mem::take(&mut event.triggers));
-            event.triggers = triggers;
-        }
+        self.join_held(&mut event);
         self.observe(&event, ctx);
         if let (Some(departing), Some(shard)) =
             (&self.departing, &self.shared.processor.settings.shard)

@@ -285,3 +285,20 @@ async fn triggers_coalesced_into_a_skipped_event_run_with_the_next() {
     );
     harness.stop();
 }
+
+/// Held triggers join the next delivery that runs a cycle, whatever it is: here another child's
+/// change, routed with the later version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_triggers_join_the_next_trigger_that_runs() {
+    let harness = Harness::start().await;
+    let first = Deliver::trigger(child_changed("child-1"), harness.superseded.clone(), 1);
+    harness.worker.do_send(first);
+    let second = Deliver::trigger(child_changed("child-2"), harness.later.clone(), 2);
+    harness.worker.do_send(second);
+    harness.until_runs(1).await;
+    assert_eq!(
+        harness.runs(),
+        vec![vec!["child-1".to_string(), "child-2".to_string()]]
+    );
+    harness.stop();
+}
