@@ -278,19 +278,7 @@ mod tests {
     use serde_json::json;
 
     fn memcacheds() -> Resource {
-        Resource {
-            group: "cache.example.com".into(),
-            version: "v1alpha1".into(),
-            plural: "memcacheds".into(),
-            kind: "Memcached".into(),
-            singular: "memcached".into(),
-            short_names: vec![],
-            categories: vec![],
-            namespaced: true,
-            preferred: true,
-            verbs: vec![],
-            subresources: vec![],
-        }
+        Resource::namespaced("cache.example.com", "v1alpha1", "Memcached", "memcacheds")
     }
 
     #[test]

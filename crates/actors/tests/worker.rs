@@ -179,32 +179,16 @@ impl Harness {
     }
 }
 
-/// A child of the widget changed: the trigger its supervisor routes.
+/// A child of the widget (a Deployment) changed: the trigger its supervisor routes.
 fn child_changed(name: &str) -> Trigger {
+    let deployments = Resource::namespaced("apps", "v1", "Deployment", "deployments");
     Trigger::Related(Related {
-        resource: deployments(),
+        resource: Arc::new(deployments),
         namespace: Some("default".into()),
         name: name.into(),
         event: EventType::Modified,
         owned: true,
         version: Some("1".into()),
-    })
-}
-
-/// The resource of the widgets' children.
-fn deployments() -> Arc<Resource> {
-    Arc::new(Resource {
-        group: "apps".into(),
-        version: "v1".into(),
-        plural: "deployments".into(),
-        kind: "Deployment".into(),
-        singular: "deployment".into(),
-        short_names: vec![],
-        categories: vec![],
-        namespaced: true,
-        preferred: true,
-        verbs: vec![],
-        subresources: vec![],
     })
 }
 

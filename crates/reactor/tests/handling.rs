@@ -1314,19 +1314,7 @@ mod emulator_only {
         h.resize(5).await;
         h.cycle(EventType::Modified).await;
         let mut triggers = Triggers::default();
-        let deployments = Resource {
-            group: "apps".into(),
-            version: "v1".into(),
-            plural: "deployments".into(),
-            kind: "Deployment".into(),
-            singular: "deployment".into(),
-            short_names: vec![],
-            categories: vec![],
-            namespaced: true,
-            preferred: true,
-            verbs: vec![],
-            subresources: vec![],
-        };
+        let deployments = Resource::namespaced("apps", "v1", "Deployment", "deployments");
         let related = |resource: Resource| {
             Trigger::Related(Related {
                 resource: Arc::new(resource),

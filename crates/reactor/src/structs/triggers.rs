@@ -110,19 +110,12 @@ mod tests {
     use super::*;
 
     fn deployments() -> Arc<Resource> {
-        Arc::new(Resource {
-            group: "apps".into(),
-            version: "v1".into(),
-            plural: "deployments".into(),
-            kind: "Deployment".into(),
-            singular: "deployment".into(),
-            short_names: vec![],
-            categories: vec![],
-            namespaced: true,
-            preferred: true,
-            verbs: vec![],
-            subresources: vec![],
-        })
+        Arc::new(Resource::namespaced(
+            "apps",
+            "v1",
+            "Deployment",
+            "deployments",
+        ))
     }
 
     fn related(name: &str, event: EventType) -> Trigger {
