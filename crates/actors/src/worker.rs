@@ -365,7 +365,7 @@ impl ObjectWorker {
             // The arriving event is not pending yet: only `Hold` makes it so.
             pending: self.pending.is_some(),
             // A due wake holds the worker as a daemon does: it must not idle out before it; so do
-            // triggers held for the next event.
+            // triggers held for the next delivery that runs a cycle.
             holding: self.holding() > 0 || self.wake.is_some() || self.held.is_some(),
             recheck: self.recheck,
             last_deleted: self
@@ -774,21 +774,23 @@ impl Handler<Deliver> for ObjectWorker {
             return;
         }
         if self.is_superseded(&event) {
-            // Triggers coalesced into it (while the memory was on its way back) are not lost:
-            // they run on the body the worker has, or wait for the next event.
-            let triggers = std::mem::take(&mut event.triggers);
-            // Each version comes once: forgotten when seen.
-            let rv = event.body.metadata.resource_version.as_deref();
-            self.superseded.retain(|v| Some(v.as_str()) != rv);
             // Seen, so that the supervisor may still let the worker idle out.
             self.last_seq = self.last_seq.max(event.seq);
             tracing::debug!(object = %self.key, "An event of our own patch's intermediate version is skipped; the version it led to follows.");
-            if self.newest_body().is_none() {
-                self.hold(triggers);
-            } else if !triggers.is_empty() {
-                event.triggers = triggers;
+            // Each version comes once: forgotten when seen (after the triggers, which still need
+            // to know it superseded).
+            let seen = self
+                .superseded
+                .iter()
+                .position(|v| Some(v.as_str()) == event.body.metadata.resource_version.as_deref());
+            if !event.triggers.is_empty() {
+                // Triggers coalesced into it (while the memory was on its way back) are not lost:
+                // a trigger like any other, they run on the body the worker has or wait.
                 event.synthetic = true;
                 self.triggered(event, ctx);
+            }
+            if let Some(seen) = seen {
+                self.superseded.remove(seen);
             }
             return;
         }

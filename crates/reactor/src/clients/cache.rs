@@ -27,10 +27,10 @@
 //! Reads take a read lock for a moment and clone `Arc`s: never a copy of a body.
 
 use std::collections::BTreeMap;
-
-use foldhash::{HashMap, HashSet, HashSetExt};
 use std::io;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use foldhash::{HashMap, HashSet, HashSetExt};
 
 use kube::api::DynamicObject;
 
