@@ -190,7 +190,8 @@ pub mod resources {
 /// The operator's settings (Kopf's `settings`).
 pub mod settings {
     pub use kactor_reactor::settings::{
-        Execution, Health, Networking, Persistence, Process, Queueing, Settings, Watching,
+        ActorsScheduling, Execution, Health, Networking, Persistence, Process, Queueing, Settings,
+        Watching,
     };
 }
 

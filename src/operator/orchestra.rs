@@ -119,7 +119,7 @@ impl Orchestra {
             settings: Arc::new(operator.settings.clone()),
             registry: operator.registry.clone(),
             hosts: operator.hosts.clone(),
-            actors: ActorSystem::start()?,
+            actors: ActorSystem::start(operator.settings.execution.actors_scheduling)?,
             limiter: Arc::new(Semaphore::new(
                 operator.settings.execution.max_concurrent_handlers.max(1),
             )),

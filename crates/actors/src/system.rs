@@ -4,6 +4,7 @@
 use std::future::Future;
 
 use actix::prelude::*;
+use kactor_reactor::settings::ActorsScheduling;
 use tokio::sync::oneshot;
 
 /// A handle to the actors' thread; dropping it stops the thread.
@@ -25,12 +26,13 @@ pub enum SystemError {
 }
 
 impl ActorSystem {
-    /// Starts the actors' thread.
-    pub fn start() -> Result<Self, SystemError> {
+    /// Starts the actors' thread, scheduled as `scheduling` says.
+    pub fn start(scheduling: ActorsScheduling) -> Result<Self, SystemError> {
         let (ready, handles) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("kactor-actors".into())
             .spawn(move || {
+                schedule(scheduling);
                 let runner = actix::System::new();
                 runner.block_on(async {
                     let _ = ready.send((actix::System::current(), actix::Arbiter::current()));
@@ -90,5 +92,50 @@ impl ActorSystem {
 impl Drop for ActorSystem {
     fn drop(&mut self) {
         self.halt();
+    }
+}
+
+/// Sets the calling thread's scheduling policy (see [`ActorsScheduling`]). A refusal (a seccomp
+/// profile, say) leaves the default policy: the operator works the same, a little slower.
+fn schedule(scheduling: ActorsScheduling) {
+    match scheduling {
+        ActorsScheduling::Normal => {}
+        #[cfg(target_os = "linux")]
+        ActorsScheduling::Batch => {
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: sets the policy of the calling thread (pid 0) from a valid sched_param.
+            let result = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) };
+            if result != 0 {
+                tracing::debug!(error = %std::io::Error::last_os_error(), "The actors' thread keeps the default scheduling policy: SCHED_BATCH was refused.");
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        ActorsScheduling::Batch => {}
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// The policy the actors' thread runs under, asked on that thread.
+    async fn policy(scheduling: ActorsScheduling) -> libc::c_int {
+        let actors = ActorSystem::start(scheduling).unwrap();
+        // SAFETY: asks the calling thread's policy (pid 0).
+        let policy = actors
+            .run(|| unsafe { libc::sched_getscheduler(0) })
+            .await
+            .unwrap();
+        actors.stop();
+        policy
+    }
+
+    #[tokio::test]
+    async fn the_actors_thread_runs_under_the_policy_the_settings_name() {
+        assert_eq!(policy(ActorsScheduling::Batch).await, libc::SCHED_BATCH);
+        assert_eq!(policy(ActorsScheduling::Normal).await, libc::SCHED_OTHER);
+        // SAFETY: asks the calling thread's policy (pid 0).
+        let here = unsafe { libc::sched_getscheduler(0) };
+        assert_eq!(here, libc::SCHED_OTHER, "only the actors' thread changes");
     }
 }

@@ -95,7 +95,7 @@ impl Supervised {
             caches: None,
             indexes: None,
         };
-        let actors = ActorSystem::start().unwrap();
+        let actors = ActorSystem::start(Default::default()).unwrap();
         let supervisor = actors
             .start_actor(move || ResourceSupervisor::new(config))
             .await

@@ -114,7 +114,7 @@ impl Harness {
             EventPoster::disabled(),
             Arc::new(Semaphore::new(8)),
         );
-        let actors = ActorSystem::start().unwrap();
+        let actors = ActorSystem::start(Default::default()).unwrap();
         let told: Arc<Mutex<Told>> = Arc::default();
         let record = told.clone();
         let supervisor = actors

@@ -202,6 +202,9 @@ pub struct Execution {
     pub default_backoff: Duration,
     /// Which of an object's pending handlers run in one processing cycle (Kopf: `asap`).
     pub lifecycle: crate::structs::lifecycles::Lifecycle,
+    /// How the OS schedules the actors' thread (kactor). Default
+    /// [`ActorsScheduling::Batch`].
+    pub actors_scheduling: ActorsScheduling,
 }
 
 impl Default for Execution {
@@ -210,8 +213,30 @@ impl Default for Execution {
             max_concurrent_handlers: 256,
             default_backoff: Duration::from_secs(60),
             lifecycle: crate::structs::lifecycles::Lifecycle::default(),
+            actors_scheduling: ActorsScheduling::default(),
         }
     }
+}
+
+/// How the OS schedules the actors' thread, where the supervisors and the object workers run
+/// (`settings.execution.actors_scheduling`).
+///
+/// That thread does little per message (it routes events and starts and ends cycles), but it gets
+/// a message for nearly every event and every cycle's end. Under Linux's default policy each of
+/// those messages wakes it at once, preempting a thread that runs handlers or decodes JSON: on a
+/// busy 2-core machine, one context switch per cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ActorsScheduling {
+    /// Linux's `SCHED_BATCH`, at the process's nice value: a message does not preempt a running
+    /// thread; the actors' thread runs at the next scheduling point (at once on an idle core; at
+    /// most a time slice, a few milliseconds, on a saturated machine) and then handles every
+    /// message that came meanwhile. It gets the same share of the CPU as before. Where the policy
+    /// cannot be set (not Linux, or refused), the thread runs under the default policy.
+    #[default]
+    Batch,
+    /// The OS's default policy (Linux's `SCHED_OTHER`): the lowest latency per message, at a
+    /// context switch per message on a busy machine.
+    Normal,
 }
 
 /// `settings.persistence`: the names under which handling state is kept on objects. The defaults are
