@@ -132,10 +132,15 @@ mod tests {
 
     #[tokio::test]
     async fn the_actors_thread_runs_under_the_policy_the_settings_name() {
-        assert_eq!(policy(ActorsScheduling::Batch).await, libc::SCHED_BATCH);
-        assert_eq!(policy(ActorsScheduling::Normal).await, libc::SCHED_OTHER);
         // SAFETY: asks the calling thread's policy (pid 0).
-        let here = unsafe { libc::sched_getscheduler(0) };
-        assert_eq!(here, libc::SCHED_OTHER, "only the actors' thread changes");
+        let here = || unsafe { libc::sched_getscheduler(0) };
+        let inherited = here();
+        assert_eq!(policy(ActorsScheduling::Batch).await, libc::SCHED_BATCH);
+        assert_eq!(
+            policy(ActorsScheduling::Normal).await,
+            inherited,
+            "Normal keeps the policy the thread inherits"
+        );
+        assert_eq!(here(), inherited, "only the actors' thread changes");
     }
 }
