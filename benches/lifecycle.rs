@@ -308,6 +308,41 @@ fn print_row(summary: &Summary, floor: Duration, objects: usize) {
     }
 }
 
+/// Whether this process may open the files kube's unbounded `Controller` needs: a connection per
+/// object at once, two files each (both ends are in this process), and a margin. The soft limit is
+/// raised to the hard one first. Below it, its reconciles fail to connect and retry for minutes.
+fn files_for_unbounded(objects: usize) -> Result<(), String> {
+    let needed = 2 * objects as u64 + 2048;
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills the valid rlimit it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(format!(
+            "RLIMIT_NOFILE unknown: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    if limit.rlim_cur < needed && limit.rlim_cur < limit.rlim_max {
+        limit.rlim_cur = limit.rlim_max;
+        // SAFETY: setrlimit reads the valid rlimit it is given; raising the soft limit up to the
+        // hard one needs no privilege.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
+        // SAFETY: as above.
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    }
+    if limit.rlim_cur < needed {
+        return Err(format!(
+            "it opens a connection per object at once, two files each in this process: about \
+             {needed} open files, and RLIMIT_NOFILE allows {} (raise the hard limit, ulimit -Hn, \
+             to run it)",
+            limit.rlim_cur
+        ));
+    }
+    Ok(())
+}
+
 /// Every contender's rounds (see [`support::repeats`]), in the contenders' order.
 async fn run_all(objects: usize) -> Vec<Vec<Figures>> {
     // `KACTOR_BENCH_ONLY=kactor` (a contender's name as printed) runs the bare loop at 256 and that
@@ -324,6 +359,13 @@ async fn run_all(objects: usize) -> Vec<Vec<Figures>> {
         (None, _) | (Some(_), Contender::Bare(256)) => true,
         (Some(only), contender) => contender.to_string() == *only,
     });
+    let unbounded = |contender: &Contender| matches!(contender, Contender::Controller(None));
+    if contenders.iter().any(unbounded) {
+        if let Err(why) = files_for_unbounded(objects) {
+            println!("kube Controller (unbounded): not run: {why}");
+            contenders.retain(|contender| !unbounded(contender));
+        }
+    }
     let mut all: Vec<Vec<Figures>> = contenders.iter().map(|_| Vec::new()).collect();
     let rounds = support::repeats();
     for round in 0..rounds {
