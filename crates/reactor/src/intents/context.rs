@@ -533,7 +533,7 @@ impl Ctx {
     /// ```
     pub fn adopt<T>(&self, child: &mut T) -> Result<(), crate::hierarchies::HierarchyError>
     where
-        T: serde::Serialize + serde::de::DeserializeOwned,
+        T: serde::Serialize + serde::de::DeserializeOwned + 'static,
     {
         self.adopt_with(child, &crate::hierarchies::Adoption::default())
     }
@@ -546,7 +546,7 @@ impl Ctx {
         adoption: &crate::hierarchies::Adoption,
     ) -> Result<(), crate::hierarchies::HierarchyError>
     where
-        T: serde::Serialize + serde::de::DeserializeOwned,
+        T: serde::Serialize + serde::de::DeserializeOwned + 'static,
     {
         crate::hierarchies::adopt(child, &self.owner()?, adoption)
     }
