@@ -1885,26 +1885,18 @@ fn random_u64() -> u64 {
         .hash_one(COUNTER.fetch_add(1, Ordering::Relaxed))
 }
 
-/// A version-4 UUID.
+/// A version-4 UUID, written in one allocation.
 fn new_uid() -> String {
-    let (a, b) = (random_u64(), random_u64());
-    let bytes: Vec<u8> = a.to_be_bytes().into_iter().chain(b.to_be_bytes()).collect();
-    let hex: String = bytes
-        .iter()
-        .enumerate()
-        .map(|(i, byte)| match i {
-            6 => format!("{:02x}", (byte & 0x0f) | 0x40),
-            8 => format!("{:02x}", (byte & 0x3f) | 0x80),
-            _ => format!("{byte:02x}"),
-        })
-        .collect();
+    let bits = (u128::from(random_u64()) << 64) | u128::from(random_u64());
+    // The version (4) in the 7th byte's high nibble, the variant (0b10) in the 9th byte's top bits.
+    let bits = (bits & !(0xf << 76) & !(0b11 << 62)) | (0x4 << 76) | (0b10 << 62);
     format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
+        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        bits >> 96,
+        (bits >> 80) & 0xffff,
+        (bits >> 64) & 0xffff,
+        (bits >> 48) & 0xffff,
+        bits & 0xffff_ffff_ffff
     )
 }
 
@@ -1966,8 +1958,24 @@ mod tests {
     fn uids_are_distinct_version_4_uuids() {
         let (a, b) = (new_uid(), new_uid());
         assert_ne!(a, b);
-        assert_eq!(a.len(), 36);
-        assert_eq!(&a[14..15], "4");
+        for uid in [&a, &b] {
+            assert_eq!(uid.len(), 36, "{uid}");
+            for (i, c) in uid.char_indices() {
+                match i {
+                    8 | 13 | 18 | 23 => assert_eq!(c, '-', "{uid}"),
+                    14 => assert_eq!(c, '4', "the version, in {uid}"),
+                    19 => assert!("89ab".contains(c), "the variant, in {uid}"),
+                    _ => assert!(c.is_ascii_hexdigit() && !c.is_ascii_uppercase(), "{uid}"),
+                }
+            }
+        }
+        // Every other bit is random: over many uids, each hex digit shows more than one value.
+        let many: Vec<String> = (0..64).map(|_| new_uid()).collect();
+        for i in (0..36).filter(|i| ![8, 13, 14, 18, 23].contains(i)) {
+            let values: std::collections::HashSet<u8> =
+                many.iter().map(|u| u.as_bytes()[i]).collect();
+            assert!(values.len() > 1, "digit {i} is always the same: {many:?}");
+        }
     }
 
     #[test]
