@@ -429,18 +429,14 @@ async fn replicas_share_the_objects_and_hand_them_over_as_they_come_and_go_never
         create(&widgets, &format!("w{i}"), None).await;
     }
     // Changes all along, while replicas come and go.
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let changing = {
-        let (widgets, stop) = (widgets.clone(), stop.clone());
-        tokio::spawn(async move {
-            for round in 0u64.. {
-                if stop.load(std::sync::atomic::Ordering::SeqCst) {
-                    return;
-                }
+        let widgets = widgets.clone();
+        Rounds::start(Duration::from_millis(100), move |round| {
+            let widgets = widgets.clone();
+            async move {
                 for i in (round % 7..60).step_by(7) {
                     resize(&widgets, &format!("w{i}"), (round % 5 + 1) as i64).await;
                 }
-                tokio::time::sleep(Duration::from_millis(100)).await;
             }
         })
     };
@@ -481,8 +477,7 @@ async fn replicas_share_the_objects_and_hand_them_over_as_they_come_and_go_never
     tokio::time::sleep(Duration::from_secs(2)).await;
     // Stopped between rounds, not aborted: an aborted round's requests already sent would land after
     // the look below.
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    changing.await.unwrap();
+    changing.stop().await;
     until_all(&widgets, "every change handled, by a live replica", |o| {
         matches!(owner(o), Some("r1" | "r2" | "r4")) && settled(o)
     })

@@ -32,7 +32,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -346,23 +345,19 @@ impl Ring {
         }
     }
 
-    /// Changes some widgets' sizes every 200 ms until aborted (at most 20 a round).
-    fn keep_changing(&self, count: usize) -> Changing {
+    /// Changes some widgets' sizes every 200 ms until stopped (at most 20 a round).
+    fn keep_changing(&self, count: usize) -> support::Rounds {
         let widgets = self.widgets.clone();
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
-        let task = tokio::spawn(async move {
-            for round in 0usize.. {
-                if stopped.load(Ordering::SeqCst) {
-                    return;
-                }
-                // At most 20 objects a round, spread over all of them: the same load (about 100
-                // changes/s) whatever the count, so that large runs measure the ring, not a
-                // machine saturated by the test's own writes.
-                let per_round = count.min(20);
-                let stride = count / per_round;
-                let changed = (0..per_round).map(|k| (k * stride + round % stride.max(1)) % count);
-                let changed = changed.map(|i| {
+        support::Rounds::start(Duration::from_millis(200), move |round| {
+            // At most 20 objects a round, spread over all of them: the same load (about 100
+            // changes/s) whatever the count, so that large runs measure the ring, not a machine
+            // saturated by the test's own writes.
+            let round = round as usize;
+            let per_round = count.min(20);
+            let stride = count / per_round;
+            let changed = (0..per_round).map(|k| (k * stride + round % stride.max(1)) % count);
+            let changed: Vec<_> = changed
+                .map(|i| {
                     let widgets = widgets.clone();
                     async move {
                         let patch = json!({"spec": {"size": round % 7 + 1}});
@@ -374,12 +369,12 @@ impl Ring {
                             )
                             .await;
                     }
-                });
+                })
+                .collect();
+            async move {
                 futures::future::join_all(changed).await;
-                tokio::time::sleep(Duration::from_millis(200)).await;
             }
-        });
-        Changing { stop, task }
+        })
     }
 
     /// Waits until `check` holds for the widgets, or fails saying `what`.
@@ -705,22 +700,6 @@ async fn joining_runs_no_update_handler(ring: &mut Ring, new: &str, live: &[&str
                 after.len() - before
             ),
         );
-    }
-}
-
-/// The changes of [`Ring::keep_changing`], until stopped.
-struct Changing {
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Changing {
-    /// Stops the changes, and returns once the requests of the round under way are answered. (An
-    /// aborted task's requests already sent would still land, after the test had looked: a change
-    /// counted as one the test did not make.)
-    async fn stop(self) {
-        self.stop.store(true, Ordering::SeqCst);
-        self.task.await.expect("the changes ran");
     }
 }
 

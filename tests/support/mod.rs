@@ -52,6 +52,42 @@ pub fn spawn(operator: Operator) -> Running {
     }
 }
 
+/// Writes a test makes all along, in rounds, until [`Rounds::stop`].
+pub struct Rounds {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Rounds {
+    /// Runs `round(0)`, `round(1)`, ... in a task, with `pause` after each, until stopped.
+    pub fn start<F, Fut>(pause: Duration, mut round: F) -> Self
+    where
+        F: FnMut(u64) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            for n in 0u64.. {
+                if stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                round(n).await;
+                tokio::time::sleep(pause).await;
+            }
+        });
+        Rounds { stop, task }
+    }
+
+    /// Stops between two rounds and returns once the round under way has finished. Not aborted:
+    /// the requests of an aborted round that were already sent would still land after the test
+    /// had looked, as changes the test did not count.
+    pub async fn stop(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.task.await.expect("the rounds ran");
+    }
+}
+
 /// A cluster with the widgets CRD installed.
 pub async fn cluster_with_widgets() -> (TestCluster, Api<DynamicObject>) {
     let cluster = TestCluster::builder()
