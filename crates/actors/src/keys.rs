@@ -35,41 +35,20 @@ impl RecordKey {
     }
 }
 
-/// The bits of `text` if it is a UUID written as `format_uuid` writes it (so that the key comes
-/// back byte for byte), else None.
+/// The bits of `text` if it is a UUID in the canonical form (lowercase, hyphenated: the one
+/// `format_uuid` writes, so that the key comes back byte for byte), else None.
 fn parse_canonical_uuid(text: &str) -> Option<u128> {
-    let bytes = text.as_bytes();
-    if bytes.len() != 36 {
+    // At 36 characters, the hyphenated form is the only one `uuid` parses; it also takes
+    // uppercase digits, which would come back lowercase.
+    if text.len() != 36 || text.bytes().any(|b| b.is_ascii_uppercase()) {
         return None;
     }
-    let mut bits: u128 = 0;
-    for (i, &byte) in bytes.iter().enumerate() {
-        if matches!(i, 8 | 13 | 18 | 23) {
-            if byte != b'-' {
-                return None;
-            }
-            continue;
-        }
-        let digit = match byte {
-            b'0'..=b'9' => byte - b'0',
-            b'a'..=b'f' => byte - b'a' + 10,
-            _ => return None,
-        };
-        bits = (bits << 4) | u128::from(digit);
-    }
-    Some(bits)
+    uuid::Uuid::try_parse(text).ok().map(|uid| uid.as_u128())
 }
 
 /// `bits` as a lowercase hyphenated UUID (8-4-4-4-12).
 fn format_uuid(bits: u128) -> String {
-    format!(
-        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
-        bits >> 96,
-        (bits >> 80) & 0xffff,
-        (bits >> 64) & 0xffff,
-        (bits >> 48) & 0xffff,
-        bits & 0xffff_ffff_ffff
-    )
+    uuid::Uuid::from_u128(bits).hyphenated().to_string()
 }
 
 #[cfg(test)]
@@ -95,6 +74,10 @@ mod tests {
         for other in [
             // Upper case would not come back the same.
             "0B6C3F1E-8A4D-4C2B-9F7E-1A2B3C4D5E6F",
+            "0b6c3f1e-8a4d-4c2b-9f7e-1a2b3c4d5E6f",
+            // 36 characters, the hyphens elsewhere.
+            "0b6c3f1e8-a4d-4c2b-9f7e-1a2b3c4d5e6f",
+            "-0b6c3f1e8a4d-4c2b-9f7e-1a2b3c4d5e6f",
             "0b6c3f1e8a4d4c2b9f7e1a2b3c4d5e6f",
             "0b6c3f1e-8a4d-4c2b-9f7e-1a2b3c4d5e6",
             "0b6c3f1e-8a4d-4c2b-9f7e_1a2b3c4d5e6f",

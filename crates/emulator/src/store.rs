@@ -1885,19 +1885,13 @@ fn random_u64() -> u64 {
         .hash_one(COUNTER.fetch_add(1, Ordering::Relaxed))
 }
 
-/// A version-4 UUID, written in one allocation.
+/// A version-4 UUID.
 fn new_uid() -> String {
     let bits = (u128::from(random_u64()) << 64) | u128::from(random_u64());
-    // The version (4) in the 7th byte's high nibble, the variant (0b10) in the 9th byte's top bits.
-    let bits = (bits & !(0xf << 76) & !(0b11 << 62)) | (0x4 << 76) | (0b10 << 62);
-    format!(
-        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
-        bits >> 96,
-        (bits >> 80) & 0xffff,
-        (bits >> 64) & 0xffff,
-        (bits >> 48) & 0xffff,
-        bits & 0xffff_ffff_ffff
-    )
+    uuid::Builder::from_random_bytes(bits.to_be_bytes())
+        .into_uuid()
+        .hyphenated()
+        .to_string()
 }
 
 /// Five characters from the API server's alphabet for `generateName` (no vowels, no look-alikes).
