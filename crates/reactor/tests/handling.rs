@@ -1342,12 +1342,22 @@ mod emulator_only {
     #[tokio::test(start_paused = true)]
     async fn a_reconcile_finalizer_holds_the_object_until_a_run_during_deletion_succeeds() {
         use Step::{Fail, Ok as Done};
-        let script = Script::new(&[Done(None), Done(None), Fail, Done(None)]);
+        let script = Script::new(&[Done(None), Fail, Done(None)]);
         let mut h = reconciling(script.handler(Reconcile::id("r").finalizer())).await;
         h.create_widget(1).await;
         h.cycle(EventType::Added).await;
-        h.settle().await;
         assert!(finalized(&h.get().await.unwrap()), "the finalizer is added");
+        assert_eq!(
+            script.runs(),
+            Vec::<String>::new(),
+            "nothing runs before the finalizer is on the object"
+        );
+        h.settle().await;
+        assert_eq!(
+            script.runs(),
+            ["0 0 false false"],
+            "on the finalizer's event"
+        );
         h.widgets
             .delete("w1", &DeleteParams::default())
             .await
@@ -1362,15 +1372,44 @@ mod emulator_only {
             h.get().await.is_none(),
             "cleaned up: the finalizer went, and the object"
         );
-        // Created, then the finalizer's own change (any new version triggers), then the deletion.
+        // The deletion's run, and its retry.
+        assert_eq!(script.runs(), ["0 0 false true", "1 0 true true"]);
+    }
+
+    /// A handler with cleanup waits for the finalizer's own event, and is given then what triggered
+    /// it in the cycle that added the finalizer: what it makes exists only once the object cannot
+    /// go without its cleanup (a crash in between would leave children with no finalizer).
+    #[tokio::test(start_paused = true)]
+    async fn a_handler_with_cleanup_first_runs_on_the_finalizers_event_with_what_triggered_it() {
+        let script = Script::new(&[Step::Ok(None)]);
+        let options = Reconcile::id("r").finalizer().owns("configmaps");
+        let mut h = reconciling(script.handler(options)).await;
+        h.create_widget(1).await;
+        let resources = kactor_reactor::discovery::scan(&h.emulator.in_process_client())
+            .await
+            .unwrap();
+        let config_maps = Selector::parse("configmaps")
+            .resolve(&resources)
+            .unwrap()
+            .clone();
+        let mut triggers = Triggers::default();
+        triggers.add(Trigger::Related(Related {
+            resource: Arc::new(config_maps),
+            namespace: Some("default".into()),
+            name: "w1".into(),
+            event: EventType::Deleted,
+            owned: true,
+            version: None,
+        }));
+        let cycle = h.triggered(triggers).await;
+        assert_ne!(cycle.written, Written::Nothing, "the finalizer's patch");
+        assert!(finalized(&h.get().await.unwrap()));
+        assert_eq!(script.runs(), Vec::<String>::new());
+        h.settle().await;
         assert_eq!(
             script.runs(),
-            [
-                "0 0 false false",
-                "0 0 false false",
-                "0 0 false true",
-                "1 0 true true"
-            ]
+            ["0 1 false false"],
+            "one run, told of the child's deletion"
         );
     }
 

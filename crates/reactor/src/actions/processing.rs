@@ -645,9 +645,12 @@ impl Processor {
             memory,
         );
         let mut cause = self.detect_causes(&base, essence, memory);
+        // The finalizer added by this cycle's patch: not on the object yet.
+        let mut finalizer_coming = false;
         if self.decide_finalizer(&patch, &object, &spawning, cause.as_ref()) {
             // The finalizer's own patch comes back as an event: the cause is handled then.
             cause = None;
+            finalizer_coming = !object.deletion_blocked;
         }
         let changing = match &cause {
             Some(ctx) => {
@@ -657,7 +660,9 @@ impl Processor {
             None => Changing::NotRun,
         };
         let triggers = Arc::new(std::mem::take(&mut event.triggers));
-        let reconciled = self.run_reconcile(&base, &triggers, &object, memory).await;
+        let reconciled = self
+            .run_reconcile(&base, &triggers, &object, finalizer_coming, memory)
+            .await;
         let awaiting_daemons =
             self.release_finalizer(&patch, &object, &spawning, &changing, &reconciled);
         if object.deleted {
@@ -928,12 +933,16 @@ impl Processor {
     }
 
     /// Runs the reconcile handlers that are triggered (see the module's documentation), each at
-    /// most once per cycle, in registration order.
+    /// most once per cycle, in registration order. While the finalizer is `coming` (this cycle's
+    /// patch adds it), the handlers that hold it wait for its own event, with what triggered them:
+    /// what a handler with cleanup makes exists only once the object cannot go without its cleanup
+    /// (the quickstart's controller adds its finalizer before it creates anything, too).
     async fn run_reconcile(
         &self,
         base: &Ctx,
         triggers: &Arc<Triggers>,
         object: &Lifecycle,
+        finalizer_coming: bool,
         memory: &mut ObjectMemory,
     ) -> Reconciled {
         let handlers = &self.handlers.reconcile;
@@ -981,6 +990,11 @@ impl Processor {
                 // Not run: what triggered it before waits for its retry still.
                 state.retry = (!mine.is_empty() && state.failures > 0).then_some(mine);
                 reconciled.holds_finalizer |= cleaning;
+                continue;
+            }
+            if finalizer_coming && handler.options.finalizer {
+                // Its triggers and its due time wait with it for the finalizer's event.
+                state.retry = (!mine.is_empty()).then_some(mine);
                 continue;
             }
             let mine = Arc::new(mine);
