@@ -1208,6 +1208,27 @@ mod emulator_only {
                 .unwrap()
         }
 
+        /// Triggers telling of an event of the owned ConfigMap `w1`, at `version`.
+        async fn config_map_changed(&self, event: EventType, version: Option<&str>) -> Triggers {
+            let resources = kactor_reactor::discovery::scan(&self.emulator.in_process_client())
+                .await
+                .unwrap();
+            let config_maps = Selector::parse("configmaps")
+                .resolve(&resources)
+                .unwrap()
+                .clone();
+            let mut triggers = Triggers::default();
+            triggers.add(Trigger::Related(Related {
+                resource: Arc::new(config_maps),
+                namespace: Some("default".into()),
+                name: "w1".into(),
+                event,
+                owned: true,
+                version: version.map(String::from),
+            }));
+            triggers
+        }
+
         async fn requeued(&mut self) -> Cycle {
             self.triggered(Triggers {
                 requeued: true,
@@ -1385,22 +1406,7 @@ mod emulator_only {
         let options = Reconcile::id("r").finalizer().owns("configmaps");
         let mut h = reconciling(script.handler(options)).await;
         h.create_widget(1).await;
-        let resources = kactor_reactor::discovery::scan(&h.emulator.in_process_client())
-            .await
-            .unwrap();
-        let config_maps = Selector::parse("configmaps")
-            .resolve(&resources)
-            .unwrap()
-            .clone();
-        let mut triggers = Triggers::default();
-        triggers.add(Trigger::Related(Related {
-            resource: Arc::new(config_maps),
-            namespace: Some("default".into()),
-            name: "w1".into(),
-            event: EventType::Deleted,
-            owned: true,
-            version: None,
-        }));
+        let triggers = h.config_map_changed(EventType::Deleted, None).await;
         let cycle = h.triggered(triggers).await;
         assert_ne!(cycle.written, Written::Nothing, "the finalizer's patch");
         assert!(finalized(&h.get().await.unwrap()));
@@ -1420,22 +1426,7 @@ mod emulator_only {
         let mut h = reconciling(script.handler(Reconcile::id("r").owns("configmaps"))).await;
         h.create_widget(1).await;
         h.cycle(EventType::Added).await;
-        let resources = kactor_reactor::discovery::scan(&h.emulator.in_process_client())
-            .await
-            .unwrap();
-        let config_maps = Selector::parse("configmaps")
-            .resolve(&resources)
-            .unwrap()
-            .clone();
-        let mut triggers = Triggers::default();
-        triggers.add(Trigger::Related(Related {
-            resource: Arc::new(config_maps),
-            namespace: Some("default".into()),
-            name: "w1".into(),
-            event: EventType::Modified,
-            owned: true,
-            version: Some("1".into()),
-        }));
+        let triggers = h.config_map_changed(EventType::Modified, Some("1")).await;
         assert_eq!(h.triggered(triggers).await.wake, Some(MS(5)));
         tokio::time::advance(MS(5)).await;
         assert_eq!(h.requeued().await.wake, None);
