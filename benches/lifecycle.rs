@@ -21,9 +21,11 @@
 //! listed beforehand, has seen every object carry both its result and its diff-base. It prints the
 //! seconds, objects/s and the ratio to the floor; the HTTP requests the emulator served per object by
 //! kind (from its `emulator request` debug log); and the heap grown per object by the end (emulator
-//! growth included, the same for all: the difference between contenders is theirs), the CPU seconds
-//! the process used (the emulator's included) and the most files it had open at once (two per
-//! loopback connection).
+//! growth included, the same for all: the difference between contenders is theirs), the heap
+//! allocations made per object (the emulator's included likewise; counted by the benchmark's
+//! allocator, per thread, so that counting costs no contended atomic), the CPU seconds the process
+//! used (the emulator's included) and the most files it had open at once (two per loopback
+//! connection).
 //!
 //! Each contender runs three rounds (`KACTOR_BENCH_REPEAT`; one in the quick run, and one for a
 //! contender whose first took over 30 s), the contenders alternating within a round; a row is the contender's median round, with the range of its rounds
@@ -193,6 +195,8 @@ struct Figures {
     /// Requests served after that, until the contender had stopped.
     requests_after: u64,
     heap_grown: u64,
+    /// Heap allocations made (the emulator's included) from the start until done.
+    allocations: u64,
     /// CPU seconds used by the process (emulator included) from the start until done.
     cpu: f64,
     /// The most files open at once, sampled.
@@ -211,6 +215,7 @@ async fn measure(contender: Contender, objects: usize) -> Figures {
     detector.listed.await.expect("the completion watcher lists");
     support::settle().await;
     let (requests_before, heap_before) = (support::requests_now(), support::live_bytes());
+    let allocations_before = support::allocations();
 
     RECONCILE_ERRORS.store(0, Ordering::Relaxed);
     let (stop_sampling, sampling) = oneshot::channel();
@@ -232,6 +237,7 @@ async fn measure(contender: Contender, objects: usize) -> Figures {
     let elapsed = done - started;
     println!("  {contender}: {:.3} s", elapsed.as_secs_f64());
     let (requests_done, heap_done) = (support::requests_now(), support::live_bytes());
+    let allocations = support::allocations() - allocations_before;
     let cpu = cpu_seconds() - cpu_before;
     let _ = stop_sampling.send(());
     let peak_files = sampler.await.expect("the sampler");
@@ -254,6 +260,7 @@ async fn measure(contender: Contender, objects: usize) -> Figures {
             .map(|(stopped, done)| stopped - done)
             .sum(),
         heap_grown: heap_done.saturating_sub(heap_before),
+        allocations,
         cpu,
         peak_files,
         errors: RECONCILE_ERRORS.load(Ordering::Relaxed),
@@ -289,7 +296,7 @@ fn print_row(summary: &Summary, floor: Duration, objects: usize) {
         .map(|(kind, count)| format!("{kind} {:.2}", per_object(count)))
         .collect();
     println!(
-        "{:<28} {:>8.3} {:>10.0} {:>7.2}x {:>7.2} {:>6} {:>10.0}   {:.2} ({}; +{} after done)",
+        "{:<28} {:>8.3} {:>10.0} {:>7.2}x {:>7.2} {:>6} {:>10.0} {:>11.0}   {:.2} ({}; +{} after done)",
         figures.contender.to_string(),
         figures.elapsed.as_secs_f64(),
         objects as f64 / figures.elapsed.as_secs_f64(),
@@ -297,6 +304,7 @@ fn print_row(summary: &Summary, floor: Duration, objects: usize) {
         figures.cpu,
         figures.peak_files,
         figures.heap_grown as f64 / objects as f64,
+        per_object(figures.allocations),
         per_object(total),
         kinds.join(", "),
         figures.requests_after,
@@ -412,8 +420,8 @@ async fn main() {
 
     println!();
     println!(
-        "{:<28} {:>8} {:>10} {:>8} {:>7} {:>6} {:>10}   requests per object",
-        "contender", "seconds", "objects/s", "ratio", "cpu s", "files", "heap B/obj"
+        "{:<28} {:>8} {:>10} {:>8} {:>7} {:>6} {:>10} {:>11}   requests per object",
+        "contender", "seconds", "objects/s", "ratio", "cpu s", "files", "heap B/obj", "allocs/obj"
     );
     for summary in &summaries {
         print_row(summary, floor, objects);
