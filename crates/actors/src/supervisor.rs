@@ -1006,7 +1006,7 @@ impl Handler<Shutdown> for ResourceSupervisor {
 impl Handler<Pause> for ResourceSupervisor {
     type Result = ();
 
-    fn handle(&mut self, _: Pause, _: &mut Context<Self>) {
+    fn handle(&mut self, _: Pause, ctx: &mut Context<Self>) {
         if let Some(watch) = self.watch.take() {
             watch.abort();
             tracing::debug!(supervisor = %self.label, "paused");
@@ -1015,11 +1015,25 @@ impl Handler<Pause> for ResourceSupervisor {
         // Nothing is touched while paused: workers drop their scheduled retries and touches, and
         // stop their daemons and timers; such objects are dispatched again by the listing after
         // the resume (see `route`), and idle workers stop as usual meanwhile.
+        let mut paused = Vec::new();
         for (key, record) in &self.records {
             if let Some(worker) = &record.worker {
-                worker.do_send(worker::Pause);
+                paused.push(worker.send(worker::Pause));
             }
             self.actors_gone(key, record, StopReason::OperatorPausing);
+        }
+        if !paused.is_empty() {
+            // Nothing else is handled until every worker has taken the pause: what a worker drops
+            // it tells (`Interrupted`) before it answers, so that the listing after a resume, whose
+            // pages come after it, dispatches the object again. Without the wait, a resume's
+            // listing could be routed first: the actors' thread polls an actor woken from another
+            // thread (the supervisor, by the listing's page) before those woken from its own (the
+            // workers, by the pause) now and then, and the object was taken for unchanged.
+            ctx.wait(
+                futures::future::join_all(paused)
+                    .into_actor(self)
+                    .map(|_, _, _| ()),
+            );
         }
     }
 }

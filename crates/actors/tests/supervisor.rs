@@ -350,6 +350,80 @@ async fn a_relist_while_a_cycle_runs_dispatches_what_the_paused_worker_dropped()
     supervised.stop().await;
 }
 
+/// The same at scale: every worker has an event pending behind its running cycle when the pause
+/// comes, and the resume follows at once. The workers take the pause one by one on the actors'
+/// thread while the listing after the resume is fetched; no page of it may be routed before every
+/// worker has told what it dropped, else the objects whose pause came after the page looked
+/// unchanged and their changes were lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_right_after_a_pause_dispatches_what_every_paused_worker_dropped() {
+    const WIDGETS: usize = 1000;
+    let gate = Arc::new(Semaphore::new(0));
+    let seen: Arc<Mutex<std::collections::HashMap<String, i64>>> = Arc::default();
+    let (held, log) = (gate.clone(), seen.clone());
+    let func = handler_fn(move |ctx: Ctx| {
+        let (gate, log) = (held.clone(), log.clone());
+        async move {
+            let size = ctx.spec()["size"].as_i64().unwrap_or_default();
+            log.lock().unwrap().insert(ctx.name().to_string(), size);
+            if size == 1 {
+                // Every first cycle runs (or waits for its turn) until the test lets it go.
+                let _ = gate.acquire().await.map(|permit| permit.forget());
+            }
+            Ok(())
+        }
+    });
+    let names: Vec<String> = (0..WIDGETS).map(|i| format!("w{i:04}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let supervised = Supervised::start(&names, func, Duration::from_secs(60)).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while supervised.supervisor.send(Count).await.unwrap().workers < WIDGETS {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a worker per widget"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // A change of every widget while its first cycle runs, routed to its worker (held there).
+    let patch = json!({"spec": {"size": 2}});
+    for name in &names {
+        supervised
+            .widgets
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    supervised.supervisor.do_send(Pause);
+    supervised.supervisor.do_send(Resume);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    gate.add_permits(WIDGETS);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let missed: Vec<String> = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, size)| **size != 2)
+            .map(|(name, _)| name.clone())
+            .collect();
+        let handled = seen.lock().unwrap().len();
+        if missed.is_empty() && handled == WIDGETS {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "every dropped change is handled; {} of {WIDGETS} not: {:?}",
+            missed.len() + WIDGETS - handled,
+            &missed[..missed.len().min(10)]
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    supervised.stop().await;
+}
+
 /// Waits (up to 10 s) until the supervisor knows `objects` objects.
 async fn census_reaches(supervised: &Supervised, objects: usize) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
