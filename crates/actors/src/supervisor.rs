@@ -987,11 +987,34 @@ impl Handler<Interrupted> for ResourceSupervisor {
     type Result = ();
 
     fn handle(&mut self, interrupted: Interrupted, _: &mut Context<Self>) {
-        if let Some(record) = self.records.get_mut(&RecordKey::of(&interrupted.key)) {
-            if matches!(record.memory, Memory::Lent(number) if number == interrupted.number) {
-                record.interrupted = true;
-            }
+        let Some(record) = self.records.get_mut(&RecordKey::of(&interrupted.key)) else {
+            return;
+        };
+        if !matches!(record.memory, Memory::Lent(number) if number == interrupted.number) {
+            return;
         }
+        // For the listing after the resume.
+        record.interrupted = true;
+        let Some(dropped) = interrupted.dropped else {
+            return;
+        };
+        if self.watch.is_none() || dropped.seq != record.sent {
+            // Paused still: the listing after the resume dispatches it. Or a newer event was
+            // sent to the worker, which runs a cycle when it comes.
+            return;
+        }
+        // Resumed already, and nothing newer sent: the listing may have passed the object (a
+        // cycle that ran through the pause dropped its retry only as it ended). Its newest event
+        // again; a listing still to bring it adds one more, which the worker coalesces.
+        record.sent += 1;
+        let mut deliver = Deliver::event(
+            dropped.event_type,
+            dropped.body,
+            record.sent,
+            Instant::now(),
+        );
+        deliver.triggers = dropped.triggers;
+        self.dispatch(interrupted.key, deliver);
     }
 }
 

@@ -41,7 +41,8 @@
 //! version our own later write superseded waits for the next delivery that runs a cycle (that
 //! write's event follows). A due wake keeps the worker from idling out; a pause drops the timer
 //! (the due time stays in the object's memory, and the listing after the resume brings the object
-//! back).
+//! back), and a cycle that ends during the pause arms none: it tells the supervisor
+//! ([`Interrupted`], with its event), which dispatches the object again if the resume came first.
 //!
 //! **Idling**: after `queueing.idle_timeout` with nothing to do, nothing scheduled and no daemon or
 //! timer running, the worker tells the supervisor, which stops it only if no event was sent since
@@ -240,6 +241,11 @@ pub struct Interrupted {
     pub key: Arc<str>,
     /// The worker's number.
     pub number: u64,
+    /// Paused, the event the dropped work was for (the pending one, else the last cycle's): a cycle
+    /// that ends during the pause may drop its retry after the listing after the resume has
+    /// passed the object, and the supervisor then dispatches this event again at once. None when
+    /// the worker stops.
+    pub dropped: Option<Deliver>,
 }
 
 /// What every worker of one supervisor shares.
@@ -451,14 +457,29 @@ impl ObjectWorker {
                 key: self.key.clone(),
                 seq: self.last_seq,
             }),
-            Effect::Interrupted => self.shared.interruptions.do_send(Interrupted {
-                key: self.key.clone(),
-                number: self.number,
-            }),
+            Effect::Interrupted => self.tell_interrupted(),
             Effect::Recheck => self.recheck = true,
             Effect::Rechecked => self.recheck = false,
             Effect::StopActor => ctx.stop(),
         }
+    }
+
+    /// Tells the supervisor that work was dropped ([`Interrupted`]); paused, with the event it was
+    /// for (the pending one, else the last cycle's).
+    fn tell_interrupted(&self) {
+        let dropped = matches!(self.phase, Phase::Paused(_))
+            .then(|| self.pending.clone().or_else(|| self.last.clone()))
+            .flatten()
+            .map(|mut event| {
+                // Its place in a listing's window is not what it waits for now.
+                event.admission = None;
+                event
+            });
+        self.shared.interruptions.do_send(Interrupted {
+            key: self.key.clone(),
+            number: self.number,
+            dropped,
+        });
     }
 
     /// Idle, the worker keeps the last event only where something may still read it: daemons and
@@ -874,7 +895,16 @@ impl Handler<CycleDone> for ObjectWorker {
                     && cycle.next == Next::Idle
                     && cycle.wake.is_none()
                     && self.expected.is_none();
-                self.set_wake(cycle.wake.filter(|_| !gone), ctx);
+                let wake = cycle.wake.filter(|_| !gone);
+                if wake.is_some() && matches!(self.phase, Phase::Paused(_)) {
+                    // A requeue or a retry that a cycle running through the pause scheduled is
+                    // dropped as the pause's own are, and told: its due time stays in the
+                    // object's memory for the cycle the resume brings.
+                    self.set_wake(None, ctx);
+                    self.tell_interrupted();
+                } else {
+                    self.set_wake(wake, ctx);
+                }
                 Some(cycle.next)
             }
             Err(error) => {

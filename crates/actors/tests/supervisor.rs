@@ -11,7 +11,9 @@ use kactor_actors::supervisor::{
 use kactor_actors::system::ActorSystem;
 use kactor_actors::tracker::Tracker;
 use kactor_emulator::samples;
-use kactor_reactor::handlers::{handler_fn, Ctx, EventHandler, HandlerFn, ResourceHandlers};
+use kactor_reactor::handlers::{
+    handler_fn, Ctx, EventHandler, HandlerError, HandlerFn, ResourceHandlers,
+};
 use kactor_reactor::posting::EventPoster;
 use kactor_reactor::reconcile::{reconcile_fn, Action, Reconcile, ReconcileHandler};
 use kactor_reactor::resources::Selector;
@@ -421,6 +423,53 @@ async fn a_resume_right_after_a_pause_dispatches_what_every_paused_worker_droppe
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    supervised.stop().await;
+}
+
+/// A reconcile handler that runs through a pause and a resume and fails: the listing after the
+/// resume passed the object (unchanged, and nothing dropped yet), and the retry the failure
+/// scheduled comes due while the worker still waits for its first event after the pause. The
+/// worker tells the supervisor of it instead of arming it, and the supervisor dispatches the object
+/// again: the handler is retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconcile_failing_through_a_pause_and_a_resume_is_retried() {
+    let gate = Arc::new(Semaphore::new(0));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (held, counter) = (gate.clone(), runs.clone());
+    let func = reconcile_fn(move |_: Ctx| {
+        let (gate, counter) = (held.clone(), counter.clone());
+        async move {
+            if counter.fetch_add(1, Ordering::Relaxed) == 0 {
+                let _ = gate.acquire().await;
+                return Err(HandlerError::msg("failed while the operator paused"));
+            }
+            Ok(Action::await_change())
+        }
+    });
+    let handlers = |selector| ResourceHandlers {
+        reconcile: vec![ReconcileHandler {
+            selector,
+            options: Reconcile::id("reconcile"),
+            func,
+        }],
+        ..ResourceHandlers::default()
+    };
+    let supervised = Supervised::start_handling(&["w1"], handlers, |settings| {
+        settings.queueing.idle_timeout = Duration::from_secs(600);
+    })
+    .await;
+    until("the first run", || runs.load(Ordering::Relaxed) == 1).await;
+    supervised.supervisor.send(Pause).await.unwrap();
+    supervised.supervisor.send(Resume).await.unwrap();
+    // The listing after the resume finds the object as it was routed.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(runs.load(Ordering::Relaxed), 1, "the first run still runs");
+
+    gate.add_permits(1);
+    until("the failed run is retried", || {
+        runs.load(Ordering::Relaxed) >= 2
+    })
+    .await;
     supervised.stop().await;
 }
 
