@@ -57,6 +57,23 @@ impl Supervised {
         Supervised::start_handling(widgets, handlers, configure).await
     }
 
+    /// The widgets, supervised with one reconcile handler, `func`, and workers that do not idle
+    /// out within a test.
+    async fn reconciling(widgets: &[&str], func: HandlerFn) -> Supervised {
+        let handlers = |selector| ResourceHandlers {
+            reconcile: vec![ReconcileHandler {
+                selector,
+                options: Reconcile::id("reconcile"),
+                func,
+            }],
+            ..ResourceHandlers::default()
+        };
+        Supervised::start_handling(widgets, handlers, |settings| {
+            settings.queueing.idle_timeout = Duration::from_secs(600);
+        })
+        .await
+    }
+
     /// The widgets, supervised with the handlers `handlers` makes for their selector.
     async fn start_handling(
         widgets: &[&str],
@@ -281,19 +298,7 @@ async fn reconciled_listed_objects_keep_their_workers_waiting() {
         counter.fetch_add(1, Ordering::Relaxed);
         async { Ok(Action::await_change()) }
     });
-    let handlers = |selector| ResourceHandlers {
-        reconcile: vec![ReconcileHandler {
-            selector,
-            options: Reconcile::id("reconcile"),
-            func,
-        }],
-        ..ResourceHandlers::default()
-    };
-    let names = ["w0", "w1", "w2"];
-    let supervised = Supervised::start_handling(&names, handlers, |settings| {
-        settings.queueing.idle_timeout = Duration::from_secs(600);
-    })
-    .await;
+    let supervised = Supervised::reconciling(&["w0", "w1", "w2"], func).await;
     until("three listed objects reconciled", || {
         runs.load(Ordering::Relaxed) >= 3
     })
@@ -446,18 +451,7 @@ async fn a_reconcile_failing_through_a_pause_and_a_resume_is_retried() {
             Ok(Action::await_change())
         }
     });
-    let handlers = |selector| ResourceHandlers {
-        reconcile: vec![ReconcileHandler {
-            selector,
-            options: Reconcile::id("reconcile"),
-            func,
-        }],
-        ..ResourceHandlers::default()
-    };
-    let supervised = Supervised::start_handling(&["w1"], handlers, |settings| {
-        settings.queueing.idle_timeout = Duration::from_secs(600);
-    })
-    .await;
+    let supervised = Supervised::reconciling(&["w1"], func).await;
     until("the first run", || runs.load(Ordering::Relaxed) == 1).await;
     supervised.supervisor.send(Pause).await.unwrap();
     supervised.supervisor.send(Resume).await.unwrap();
