@@ -79,6 +79,8 @@ pub struct Facts {
     pub recheck: bool,
     /// The last event processed was the object's deletion (nothing to run again).
     pub last_deleted: bool,
+    /// The cycle that ended asked to be woken (a reconcile handler's requeue or retry).
+    pub wake: bool,
 }
 
 /// What the worker must do, in order.
@@ -149,9 +151,10 @@ fn on_cycle_done(phase: Phase, next: Option<Next>, facts: Facts) -> (Phase, Vec<
     match phase {
         Phase::Stopping(Some(Task::Cycle)) => (Phase::Stopping(None), vec![StopActor]),
         Phase::Paused(Some(Task::Cycle)) => {
-            // Work the cycle scheduled is dropped: the listing after the resume brings it back.
-            let dropped =
-                next.is_none_or(|n| matches!(n, Next::AwaitOwnPatch | Next::RetryAfter(_)));
+            // Work the cycle scheduled is dropped, its wake too: the listing after the resume
+            // brings it back, or the supervisor, told after that listing, dispatches it again.
+            let dropped = facts.wake
+                || next.is_none_or(|n| matches!(n, Next::AwaitOwnPatch | Next::RetryAfter(_)));
             let mut effects = Vec::new();
             if dropped {
                 effects.push(Interrupted);
@@ -315,6 +318,7 @@ mod tests {
         holding: false,
         recheck: false,
         last_deleted: false,
+        wake: false,
     };
     const PENDING: Facts = Facts {
         pending: true,
@@ -608,6 +612,14 @@ mod tests {
                 NONE,
                 Phase::Paused(None),
                 &[Unthrottle, ArmIdle],
+            ),
+            // A requeue or retry it asked to be woken for is dropped (not armed), and told.
+            (
+                Phase::Paused(Some(Task::Cycle)),
+                Input::CycleDone(Some(Next::Idle)),
+                Facts { wake: true, ..NONE },
+                Phase::Paused(None),
+                &[Interrupted, Unthrottle, ArmIdle],
             ),
             (
                 Phase::Paused(Some(Task::Cycle)),

@@ -324,6 +324,8 @@ pub struct ObjectWorker {
     /// with no other body: they join the next delivery that runs a cycle (that write's event
     /// follows), and hold the worker from idling out until it comes.
     held: Option<Box<Triggers>>,
+    /// The cycle that just ended asked to be woken: a fact for the phase's step on its end.
+    woken: bool,
 }
 
 impl ObjectWorker {
@@ -362,6 +364,7 @@ impl ObjectWorker {
             listed: false,
             settled: false,
             held: None,
+            woken: false,
         }
     }
 
@@ -378,6 +381,7 @@ impl ObjectWorker {
                 .last
                 .as_ref()
                 .is_some_and(|l| l.event_type == EventType::Deleted),
+            wake: std::mem::take(&mut self.woken),
         };
         let (phase, effects) = phase::step(self.phase, input, facts);
         self.phase = phase;
@@ -896,15 +900,11 @@ impl Handler<CycleDone> for ObjectWorker {
                     && cycle.wake.is_none()
                     && self.expected.is_none();
                 let wake = cycle.wake.filter(|_| !gone);
-                if wake.is_some() && matches!(self.phase, Phase::Paused(_)) {
-                    // A requeue or a retry that a cycle running through the pause scheduled is
-                    // dropped as the pause's own are, and told: its due time stays in the
-                    // object's memory for the cycle the resume brings.
-                    self.set_wake(None, ctx);
-                    self.tell_interrupted();
-                } else {
-                    self.set_wake(wake, ctx);
-                }
+                // Paused, it is not armed: the phase counts it as dropped work, and tells it (its
+                // due time stays in the object's memory for the cycle the resume brings).
+                let paused = matches!(self.phase, Phase::Paused(_));
+                self.set_wake(wake.filter(|_| !paused), ctx);
+                self.woken = wake.is_some();
                 Some(cycle.next)
             }
             Err(error) => {
