@@ -20,8 +20,8 @@ pub enum Phase {
     Busy(Task),
     /// The next step waits on the timer.
     Scheduled(Wait),
-    /// The operator is paused: nothing starts until the next event (which comes only after the
-    /// resume). A task that ran when the pause came finishes.
+    /// The operator is paused: nothing starts until the next delivery (an event or a trigger, which
+    /// the supervisor sends only after the resume). A task that ran when the pause came finishes.
     Paused(Option<Task>),
     /// Asked to stop: the actor stops as soon as no task runs.
     Stopping(Option<Task>),

@@ -43,6 +43,8 @@
 //! (the due time stays in the object's memory, and the listing after the resume brings the object
 //! back), and a cycle that ends during the pause arms none: it tells the supervisor
 //! ([`Interrupted`], with its event), which dispatches the object again if the resume came first.
+//! A trigger the supervisor routes after the resume ends the worker's pause as an event does (it
+//! sends none while paused, and keeps them for the object's next event instead).
 //!
 //! **Idling**: after `queueing.idle_timeout` with nothing to do, nothing scheduled and no daemon or
 //! timer running, the worker tells the supervisor, which stops it only if no event was sent since
@@ -526,6 +528,11 @@ impl ObjectWorker {
         self.wake = after.map(|after| {
             ctx.run_later(after, |worker, ctx| {
                 worker.wake = None;
+                if matches!(worker.phase, Phase::Paused(_)) {
+                    // Not armed while paused (a pause cancels it, a cycle ending paused tells it
+                    // instead): a wake of its own does not end a pause; only a delivery does.
+                    return;
+                }
                 if let Some(body) = worker.newest_body() {
                     let seq = worker.last_seq;
                     worker.triggered(Deliver::trigger(Trigger::Requeue, body, seq), ctx);
@@ -544,13 +551,18 @@ impl ObjectWorker {
 
     /// A trigger of the reconcile handlers: a cycle on the newest body the worker has (the one
     /// given, for a worker that has none yet), or joined to the pending event.
+    ///
+    /// Paused, it unpauses the worker as an event does: the supervisor sends a trigger (a child's
+    /// change, a re-dispatch) only while resumed, and its mailbox is ordered, so a pause after the
+    /// trigger comes after it here too. A worker that dropped nothing in the pause waits for its
+    /// first event after the resume, which for an unchanged object may be a child's change.
     fn triggered(&mut self, mut deliver: Deliver, ctx: &mut Context<Self>) {
         let gone = self
             .last
             .as_ref()
             .is_some_and(|l| l.event_type == EventType::Deleted);
-        if gone || matches!(self.phase, Phase::Paused(_) | Phase::Stopping(_)) {
-            // Gone, or not working now (the listing after the resume brings the object back).
+        if gone || matches!(self.phase, Phase::Stopping(_)) {
+            // Gone, or stopping (what was in flight is told to the supervisor).
             return;
         }
         match self.pending.as_ref().or(self.last.as_ref()) {

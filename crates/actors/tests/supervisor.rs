@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use actix::Addr;
 use kactor_actors::supervisor::{
-    Count, Pause, ResourceSupervisor, Resume, Shutdown, SupervisorConfig,
+    Count, Pause, Poke, ResourceSupervisor, Resume, Shutdown, SupervisorConfig,
 };
 use kactor_actors::system::ActorSystem;
 use kactor_actors::tracker::Tracker;
@@ -16,8 +16,9 @@ use kactor_reactor::handlers::{
 };
 use kactor_reactor::posting::EventPoster;
 use kactor_reactor::reconcile::{reconcile_fn, Action, Reconcile, ReconcileHandler};
-use kactor_reactor::resources::Selector;
+use kactor_reactor::resources::{Resource, Selector};
 use kactor_reactor::settings::Settings;
+use kactor_reactor::triggers::Related;
 use kactor_testenv::TestCluster;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -27,6 +28,7 @@ use tokio::sync::Semaphore;
 struct Supervised {
     _cluster: TestCluster,
     widgets: Api<DynamicObject>,
+    resource: Arc<Resource>,
     actors: ActorSystem,
     supervisor: Addr<ResourceSupervisor>,
 }
@@ -93,11 +95,12 @@ impl Supervised {
             .resolve(&resources)
             .unwrap()
             .clone();
-        let handlers = handlers(Selector::from(&resource));
+        let resource = Arc::new(resource);
+        let handlers = handlers(Selector::from(&*resource));
         let mut settings = Settings::default();
         configure(&mut settings);
         let config = SupervisorConfig {
-            resource: Arc::new(resource),
+            resource: resource.clone(),
             namespace: Some("default".into()),
             client: cluster.client(),
             handlers: Arc::new(handlers),
@@ -111,7 +114,8 @@ impl Supervised {
             watches: kactor_reactor::observe::WatchBoard::new(),
             start_paused: false,
             actors: Vec::new(),
-            caches: None,
+            // As the operator gives them: a resource with reconcile handlers keeps its store.
+            caches: Some(kactor_reactor::cache::Caches::default()),
             indexes: None,
         };
         let actors = ActorSystem::start(Default::default()).unwrap();
@@ -122,6 +126,7 @@ impl Supervised {
         Supervised {
             _cluster: cluster,
             widgets: api,
+            resource,
             actors,
             supervisor,
         }
@@ -461,6 +466,59 @@ async fn a_reconcile_failing_through_a_pause_and_a_resume_is_retried() {
 
     gate.add_permits(1);
     until("the failed run is retried", || {
+        runs.load(Ordering::Relaxed) >= 2
+    })
+    .await;
+    supervised.stop().await;
+}
+
+/// A worker that dropped nothing in a pause waits, paused, for its first event after the resume:
+/// the listing passed its object (unchanged). A child's change routed to it after the resume (the
+/// supervisor sends only while resumed) is that event: its reconcile handler runs at once, not
+/// when the object itself changes next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_childs_change_after_a_pause_and_a_resume_reconciles_its_owner() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    let func = reconcile_fn(move |_: Ctx| {
+        counter.fetch_add(1, Ordering::Relaxed);
+        async { Ok(Action::await_change()) }
+    });
+    // It owns widgets too, so that a widget can stand for its child.
+    let handlers = |selector: Selector| ResourceHandlers {
+        reconcile: vec![ReconcileHandler {
+            options: Reconcile::id("reconcile").owns(selector.clone()),
+            selector,
+            func,
+        }],
+        ..ResourceHandlers::default()
+    };
+    let supervised = Supervised::start_handling(&["w1"], handlers, |settings| {
+        settings.queueing.idle_timeout = Duration::from_secs(600);
+    })
+    .await;
+    until("the first run", || runs.load(Ordering::Relaxed) == 1).await;
+    supervised.supervisor.send(Pause).await.unwrap();
+    supervised.supervisor.send(Resume).await.unwrap();
+    // The listing after the resume finds the object as it was routed: no run.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(runs.load(Ordering::Relaxed), 1, "nothing changed");
+
+    let owner = supervised.widgets.get("w1").await.unwrap();
+    supervised.supervisor.do_send(Poke {
+        uid: owner.metadata.uid.clone(),
+        namespace: Some("default".into()),
+        name: "w1".into(),
+        related: Related {
+            resource: supervised.resource.clone(),
+            namespace: Some("default".into()),
+            name: "w1-child".into(),
+            event: kactor_reactor::names::EventType::Deleted,
+            owned: true,
+            version: None,
+        },
+    });
+    until("the child's change reconciles its owner", || {
         runs.load(Ordering::Relaxed) >= 2
     })
     .await;
