@@ -9,7 +9,7 @@ use std::time::Duration;
 use kactor::emulator::samples;
 use kactor::emulator::{Failure, Matcher};
 use kactor::prelude::*;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 
 use support::{cluster_with_widgets, free_port, get, operator, spawn, until_answer};
 
@@ -179,6 +179,75 @@ async fn metrics_parse_as_prometheus_text_and_move_as_objects_are_handled() {
         .unwrap();
     until_answer(port, "/metrics", "a fourth run", |_, body| {
         body.contains(&runs.replace("} 3", "} 4"))
+    })
+    .await;
+    running.stop().await;
+}
+
+/// The shared cache's gauges, as Prometheus scrapes them: its objects and their size as JSON,
+/// measured when scraped, follow the objects created, changed and deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shared_caches_objects_and_bytes_follow_the_objects_when_scraped() {
+    let (cluster, widgets) = cluster_with_widgets().await;
+    let port = free_port();
+    let running = spawn(
+        operator(&cluster)
+            .liveness(&format!("http://127.0.0.1:{port}/healthz"))
+            .settings(quick_health)
+            .on_reconcile(
+                ("example.com", "v1", "widgets"),
+                Reconcile::id("reconcile"),
+                |_: Ctx| async { Ok(Action::await_change()) },
+            ),
+    );
+    let gauges = |body: &str| -> Option<(f64, f64)> {
+        let samples = parse_exposition(body);
+        let value = |name: &str| {
+            samples
+                .iter()
+                .find(|s| s.name == name && s.label("resource") == Some("widgets.v1.example.com"))
+                .map(|s| s.value)
+        };
+        Some((value("kactor_cache_objects")?, value("kactor_cache_bytes")?))
+    };
+    until_answer(port, "/metrics", "an empty cache, at 0", |code, body| {
+        code == 200 && gauges(body) == Some((0.0, 0.0))
+    })
+    .await;
+
+    for name in ["w1", "w2", "w3"] {
+        let widget = serde_json::from_value(samples::widget(name, 1)).unwrap();
+        widgets
+            .create(&PostParams::default(), &widget)
+            .await
+            .unwrap();
+    }
+    let three = until_answer(port, "/metrics", "three widgets cached", |_, body| {
+        gauges(body).is_some_and(|(objects, _)| objects == 3.0)
+    })
+    .await;
+    let (_, bytes) = gauges(&three).unwrap();
+    // Each as the server sends it: at least its name, kind and spec, at most a few kilobytes.
+    assert!((300.0..30_000.0).contains(&bytes), "{bytes} bytes");
+
+    // A larger spec: more bytes, the same objects.
+    let patch = json!({"spec": {"notes": "x".repeat(4000)}});
+    widgets
+        .patch("w1", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let grown = until_answer(port, "/metrics", "the change measured", |_, body| {
+        gauges(body).is_some_and(|(objects, now)| objects == 3.0 && now >= bytes + 4000.0)
+    })
+    .await;
+    let (_, grown) = gauges(&grown).unwrap();
+
+    widgets
+        .delete("w1", &Default::default())
+        .await
+        .unwrap();
+    until_answer(port, "/metrics", "the deletion measured", |_, body| {
+        gauges(body).is_some_and(|(objects, now)| objects == 2.0 && now <= grown - 4000.0)
     })
     .await;
     running.stop().await;

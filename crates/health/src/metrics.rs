@@ -7,13 +7,20 @@
 //! an object's name or uid.
 //!
 //! **Guarantees**: every hook is a hash lookup of label values already seen (no allocation) and an
-//! atomic update; nothing blocks but the registry's short read lock on a new label value.
+//! atomic update; nothing blocks but the registry's short read lock on a new label value. The
+//! shared caches' sizes are asked when scraped instead (`kactor_cache_objects`,
+//! `kactor_cache_bytes`): a scrape measures the objects that changed since the last one, outside
+//! the caches' locks.
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kactor_reactor::daemons::SpawningKind;
-use kactor_reactor::observe::{HandlerRun, MessageOutcome, Observer, Verdict};
+use kactor_reactor::observe::{CacheSize, HandlerRun, MessageOutcome, Observer, Verdict};
 use kactor_reactor::watching::RestartReason;
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
 use prometheus::{
     HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
@@ -73,8 +80,7 @@ pub struct Metrics {
     mailbox_depth: IntGaugeVec,
     actor_messages: IntCounterVec,
     message_duration: HistogramVec,
-    cache_objects: IntGaugeVec,
-    cache_bytes: IntGaugeVec,
+    caches: CacheGauges,
     shard_member: IntGaugeVec,
     shard_objects: IntGaugeVec,
     shard_moves: IntCounterVec,
@@ -160,16 +166,27 @@ impl Metrics {
                 "Per-object workers alive now.",
                 &["resource"],
             )?,
-            cache_objects: gauges(
-                "kactor_cache_objects",
-                "Objects held by the shared cache of a resource.",
-                &["resource"],
-            )?,
-            cache_bytes: gauges(
-                "kactor_cache_bytes",
-                "The size, as JSON, of the objects held by the shared cache of a resource.",
-                &["resource"],
-            )?,
+            caches: {
+                let caches = CacheGauges {
+                    objects: IntGaugeVec::new(
+                        Opts::new(
+                            "kactor_cache_objects",
+                            "Objects held by the shared cache of a resource.",
+                        ),
+                        &["resource"],
+                    )?,
+                    bytes: IntGaugeVec::new(
+                        Opts::new(
+                            "kactor_cache_bytes",
+                            "The size, as JSON, of the objects held by the shared cache of a resource.",
+                        ),
+                        &["resource"],
+                    )?,
+                    served: Arc::default(),
+                };
+                registry.register(Box::new(caches.clone()))?;
+                caches
+            },
             coalesced_events: counter(
                 "kactor_coalesced_events_total",
                 "Queued events replaced by a newer event of the same object before processing.",
@@ -282,6 +299,71 @@ impl Metrics {
     }
 }
 
+/// `kactor_cache_objects` and `kactor_cache_bytes`: asked of the caches when scraped (a cache's
+/// size changes with each of its events; measuring it then cost more than every scrape does).
+#[derive(Clone)]
+struct CacheGauges {
+    objects: IntGaugeVec,
+    bytes: IntGaugeVec,
+    /// The caches served, by resource (a resource's caches, if several, are summed).
+    served: Arc<Mutex<Vec<Served>>>,
+}
+
+/// A cache served: its resource, and its size when asked.
+type Served = (String, Arc<dyn CacheSize>);
+
+impl CacheGauges {
+    fn serve(&self, resource: &str, size: Arc<dyn CacheSize>) {
+        self.objects.with_label_values(&[resource]).set(0);
+        self.bytes.with_label_values(&[resource]).set(0);
+        self.served
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((resource.to_string(), size));
+    }
+
+    /// Sets the gauges from the caches; a resource whose caches are all gone reads 0.
+    fn refresh(&self) {
+        let mut served = self
+            .served
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut sizes: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+        served.retain(|(resource, size)| {
+            let total = sizes.entry(resource.clone()).or_default();
+            let Some((objects, bytes)) = size.size() else {
+                return false;
+            };
+            total.0 += objects;
+            total.1 += bytes;
+            true
+        });
+        drop(served);
+        let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        for (resource, (objects, bytes)) in sizes {
+            self.objects
+                .with_label_values(&[&resource])
+                .set(gauge(objects));
+            self.bytes.with_label_values(&[&resource]).set(gauge(bytes));
+        }
+    }
+}
+
+impl Collector for CacheGauges {
+    fn desc(&self) -> Vec<&Desc> {
+        let mut desc = self.objects.desc();
+        desc.extend(self.bytes.desc());
+        desc
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        self.refresh();
+        let mut families = self.objects.collect();
+        families.extend(self.bytes.collect());
+        families
+    }
+}
+
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Metrics").finish_non_exhaustive()
@@ -362,13 +444,8 @@ impl Observer for Metrics {
             .add(delta);
     }
 
-    fn cache_size(&self, resource: &str, objects: usize, bytes: usize) {
-        let objects = i64::try_from(objects).unwrap_or(i64::MAX);
-        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
-        self.cache_objects
-            .with_label_values(&[resource])
-            .set(objects);
-        self.cache_bytes.with_label_values(&[resource]).set(bytes);
+    fn cache_served(&self, resource: &str, size: Arc<dyn CacheSize>) {
+        self.caches.serve(resource, size);
     }
 
     fn events_coalesced(&self, resource: &str, count: u64) {
@@ -638,18 +715,31 @@ mod tests {
     }
 
     #[test]
-    fn the_cache_is_gauged_in_objects_and_bytes() {
+    fn the_cache_is_gauged_in_objects_and_bytes_asked_when_scraped() {
+        struct Size(Mutex<Option<(usize, usize)>>);
+        impl CacheSize for Size {
+            fn size(&self) -> Option<(usize, usize)> {
+                *self.0.lock().unwrap()
+            }
+        }
         let metrics = Metrics::new().unwrap();
-        metrics.cache_size("pods.v1", 3, 4096);
-        metrics.cache_size("pods.v1", 2, 3000);
-        assert_eq!(
-            value(&metrics, "kactor_cache_objects", &[("resource", "pods.v1")]),
-            2.0
-        );
-        assert_eq!(
-            value(&metrics, "kactor_cache_bytes", &[("resource", "pods.v1")]),
-            3000.0
-        );
+        let pods = Arc::new(Size(Mutex::new(Some((0, 0)))));
+        metrics.cache_served("pods.v1", pods.clone());
+        let gauged = |name| value(&metrics, name, &[("resource", "pods.v1")]);
+        assert_eq!(gauged("kactor_cache_objects"), 0.0, "served at 0");
+        *pods.0.lock().unwrap() = Some((3, 4096));
+        assert_eq!(gauged("kactor_cache_objects"), 3.0);
+        assert_eq!(gauged("kactor_cache_bytes"), 4096.0);
+        // A second cache of the same resource (another namespace's supervisor) adds up.
+        metrics.cache_served("pods.v1", Arc::new(Size(Mutex::new(Some((2, 1000))))));
+        assert_eq!(gauged("kactor_cache_objects"), 5.0);
+        assert_eq!(gauged("kactor_cache_bytes"), 5096.0);
+        // Gone caches count no more, and the series stays, at 0 when none is left.
+        *pods.0.lock().unwrap() = None;
+        assert_eq!(gauged("kactor_cache_bytes"), 1000.0);
+        assert!(metrics
+            .render()
+            .contains("kactor_cache_bytes{resource=\"pods.v1\"} 1000"));
     }
 
     #[test]

@@ -22,19 +22,21 @@
 //!   removed when the listing completes.
 //! * Bounded by what is watched: only kinds that some handler owns, watches or reconciles are
 //!   cached; the number of objects and their size (as JSON) are metrics
-//!   (`kactor_cache_objects`, `kactor_cache_bytes`).
+//!   (`kactor_cache_objects`, `kactor_cache_bytes`), measured when scraped: each object once per
+//!   version, outside the store's lock, so that applying an event costs no serialization.
 //!
 //! Reads take a read lock for a moment and clone `Arc`s: never a copy of a body.
 
 use std::collections::BTreeMap;
 use std::io;
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 use foldhash::{HashMap, HashSet, HashSetExt};
 
 use kube::api::DynamicObject;
 
-use crate::clients::observe::Observer;
+use crate::clients::observe::{CacheSize, Observer};
 use crate::structs::names::EventType;
 use crate::structs::resources::{Resource, Selector};
 
@@ -54,9 +56,7 @@ pub struct Store {
 
 struct StoreInner {
     resource: Arc<Resource>,
-    label: Arc<str>,
     state: RwLock<State>,
-    observer: Arc<dyn Observer>,
     /// The kind is watched as metadata alone: what a handler remembers is kept so too.
     metadata_only: std::sync::atomic::AtomicBool,
 }
@@ -68,12 +68,15 @@ struct State {
     owners: HashMap<Arc<str>, HashSet<CacheKey>>,
     /// Keys seen by each listing under way, by the listing's namespace (None: all).
     listing: HashMap<Option<String>, HashSet<CacheKey>>,
-    bytes: usize,
+    /// The size as JSON of the objects measured so far ([`Entry::bytes`]).
+    bytes: AtomicUsize,
 }
 
 struct Entry {
     object: Arc<DynamicObject>,
-    bytes: usize,
+    /// Its size as JSON, measured when the cache's size is first asked after it came; 0 until
+    /// then.
+    bytes: AtomicUsize,
     owners: Vec<Arc<str>>,
     /// This version is a write of ours, as the server answered it ([`Cache::remember`]); a
     /// newer version from the watch clears it.
@@ -81,18 +84,16 @@ struct Entry {
 }
 
 impl Store {
-    /// An empty store of `resource`, its size told to `observer`.
+    /// An empty store of `resource`; `observer` may ask its size ([`Observer::cache_served`]).
     pub fn new(resource: Arc<Resource>, observer: Arc<dyn Observer>) -> Self {
-        let label = Arc::from(resource.to_string());
-        Store {
-            inner: Arc::new(StoreInner {
-                resource,
-                label,
-                state: RwLock::new(State::default()),
-                observer,
-                metadata_only: std::sync::atomic::AtomicBool::new(false),
-            }),
-        }
+        let label = resource.to_string();
+        let inner = Arc::new(StoreInner {
+            resource,
+            state: RwLock::new(State::default()),
+            metadata_only: std::sync::atomic::AtomicBool::new(false),
+        });
+        observer.cache_served(&label, Arc::new(Measure(Arc::downgrade(&inner))));
+        Store { inner }
     }
 
     /// The kind is watched as `PartialObjectMetadata`: the store holds the objects' metadata
@@ -118,41 +119,35 @@ impl Store {
             return false;
         };
         let mut state = self.write();
-        let held = state
-            .objects
-            .get(&key)
-            .map(|e| e.object.metadata.resource_version.clone());
-        let changed = match event_type {
-            EventType::Deleted => {
-                state.remove(&key);
-                held.is_some()
-            }
+        // Held at this very version: a relist, or the echo of a write of ours remembered from the
+        // server's answer (or a repeated event).
+        let same = |state: &State| {
+            state.objects.get(&key).is_some_and(|e| {
+                e.object.metadata.resource_version == object.metadata.resource_version
+            })
+        };
+        match event_type {
+            EventType::Deleted => state.remove(&key),
             EventType::Listed => {
                 for (scope, seen) in &mut state.listing {
                     if scope.is_none() || *scope == key.0 {
                         seen.insert(key.clone());
                     }
                 }
-                let changed = held.as_ref() != Some(&object.metadata.resource_version);
+                let changed = !same(&state);
                 if changed {
                     state.insert(key, object.clone());
                 }
                 changed
             }
             EventType::Added | EventType::Modified => {
-                // The same version already held: the echo of a write of ours, remembered from
-                // the server's answer (or a repeated event).
-                let changed = held.as_ref() != Some(&object.metadata.resource_version);
+                let changed = !same(&state);
                 if changed {
                     state.insert(key, object.clone());
                 }
                 changed
             }
-        };
-        if changed {
-            self.report(&state);
         }
-        changed
     }
 
     /// A listing of `namespace` (None: every namespace) starts: what it does not bring is removed
@@ -184,7 +179,6 @@ impl Store {
             }
             state.remove(&key);
         }
-        self.report(&state);
         removed
     }
 
@@ -200,7 +194,6 @@ impl Store {
         for key in gone {
             state.remove(&key);
         }
-        self.report(&state);
     }
 
     /// The handle handlers read with.
@@ -223,11 +216,51 @@ impl Store {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+}
 
-    fn report(&self, state: &State) {
-        self.inner
-            .observer
-            .cache_size(&self.inner.label, state.objects.len(), state.bytes);
+/// A store's size as [`Observer::cache_served`] asks it; it does not keep the store alive.
+struct Measure(Weak<StoreInner>);
+
+impl CacheSize for Measure {
+    /// Objects not measured since they came are measured now, outside the lock (a burst of events
+    /// since the last scrape may be thousands of objects, and the stream's next event must not
+    /// wait for them), and counted unless a newer version replaced them meanwhile.
+    fn size(&self) -> Option<(usize, usize)> {
+        let inner = self.0.upgrade()?;
+        let read = || {
+            inner
+                .state
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        let unmeasured: Vec<Arc<DynamicObject>> = read()
+            .objects
+            .values()
+            .filter(|e| e.bytes.load(Ordering::Relaxed) == 0)
+            .map(|e| e.object.clone())
+            .collect();
+        // By address: the objects are kept alive here, so no other can take their place.
+        let sizes: HashMap<*const DynamicObject, usize> = unmeasured
+            .iter()
+            .map(|object| (Arc::as_ptr(object), json_size(object)))
+            .collect();
+        let state = read();
+        if !sizes.is_empty() {
+            for entry in state.objects.values() {
+                let Some(&size) = sizes.get(&Arc::as_ptr(&entry.object)) else {
+                    continue;
+                };
+                // Another scrape may have measured it meanwhile.
+                let measured =
+                    entry
+                        .bytes
+                        .compare_exchange(0, size, Ordering::Relaxed, Ordering::Relaxed);
+                if measured.is_ok() {
+                    state.bytes.fetch_add(size, Ordering::Relaxed);
+                }
+            }
+        }
+        Some((state.objects.len(), state.bytes.load(Ordering::Relaxed)))
     }
 }
 
@@ -245,11 +278,11 @@ impl State {
         // the owners' index as it is.
         if let Some(entry) = self.objects.get_mut(&key) {
             if entry.owners.iter().map(|uid| &**uid).eq(uids()) {
-                let bytes = json_size(&object);
-                self.bytes = self.bytes.saturating_sub(entry.bytes) + bytes;
+                let bytes = self.bytes.get_mut();
+                *bytes = bytes.saturating_sub(*entry.bytes.get_mut());
                 *entry = Entry {
                     object,
-                    bytes,
+                    bytes: AtomicUsize::new(0),
                     owners: std::mem::take(&mut entry.owners),
                     ours: false,
                 };
@@ -270,24 +303,24 @@ impl State {
                 .or_default()
                 .insert(key.clone());
         }
-        let bytes = json_size(&object);
-        self.bytes += bytes;
         self.objects.insert(
             key,
             Entry {
                 object,
-                bytes,
+                bytes: AtomicUsize::new(0),
                 owners,
                 ours: false,
             },
         );
     }
 
-    fn remove(&mut self, key: &CacheKey) {
-        let Some(entry) = self.objects.remove(key) else {
-            return;
+    /// Removes the object; whether it was held.
+    fn remove(&mut self, key: &CacheKey) -> bool {
+        let Some(mut entry) = self.objects.remove(key) else {
+            return false;
         };
-        self.bytes = self.bytes.saturating_sub(entry.bytes);
+        let bytes = self.bytes.get_mut();
+        *bytes = bytes.saturating_sub(*entry.bytes.get_mut());
         for owner in entry.owners {
             if let Some(owned) = self.owners.get_mut(&owner) {
                 owned.remove(key);
@@ -296,6 +329,7 @@ impl State {
                 }
             }
         }
+        true
     }
 }
 
@@ -428,7 +462,6 @@ impl Cache {
         if let Some(entry) = state.objects.get_mut(&key) {
             entry.ours = true;
         }
-        self.store.report(&state);
         true
     }
 
@@ -438,7 +471,6 @@ impl Cache {
         let key = (namespace.map(String::from), name.to_string());
         let mut state = self.store.write();
         state.remove(&key);
-        self.store.report(&state);
     }
 }
 
@@ -669,10 +701,10 @@ mod tests {
             .collect();
         owned.sort();
         assert_eq!(owned, ["3", "4"]);
-        let state = store.read();
         let sizes = json_size(&longer) + json_size(&pod("a", "p2", "4", Some("o1"), "db"));
-        assert_eq!(state.bytes, sizes);
-        assert_eq!(state.owners.len(), 1);
+        let measure = Measure(Arc::downgrade(&store.inner));
+        assert_eq!(measure.size(), Some((2, sizes)));
+        assert_eq!(store.read().owners.len(), 1);
     }
 
     #[test]
@@ -749,25 +781,48 @@ mod tests {
     }
 
     #[test]
-    fn the_size_in_bytes_follows_the_objects() {
+    fn the_size_in_bytes_follows_the_objects_measured_when_asked() {
         #[derive(Default)]
-        struct Sizes(std::sync::Mutex<(usize, usize)>);
+        struct Sizes(std::sync::Mutex<Vec<(String, Arc<dyn CacheSize>)>>);
         impl Observer for Sizes {
-            fn cache_size(&self, _: &str, objects: usize, bytes: usize) {
-                *self.0.lock().unwrap() = (objects, bytes);
+            fn cache_served(&self, resource: &str, size: Arc<dyn CacheSize>) {
+                self.0.lock().unwrap().push((resource.to_string(), size));
             }
         }
         let sizes = Arc::new(Sizes::default());
         let store = Store::new(pods(), sizes.clone());
+        let (label, size) = sizes.0.lock().unwrap()[0].clone();
+        assert_eq!(label, "pods.v1");
+        assert_eq!(size.size(), Some((0, 0)));
+        let json = |object: &DynamicObject| serde_json::to_vec(object).unwrap().len();
+
         let p1 = pod("a", "p1", "1", None, "web");
         store.apply(EventType::Added, &p1);
-        let one = serde_json::to_vec(&*p1).unwrap().len();
-        assert_eq!(*sizes.0.lock().unwrap(), (1, one));
-        store.apply(EventType::Modified, &pod("a", "p1", "2", None, "web"));
-        assert_eq!(*sizes.0.lock().unwrap(), (1, one));
-        store.apply(EventType::Deleted, &p1);
-        assert_eq!(*sizes.0.lock().unwrap(), (0, 0));
+        assert_eq!(size.size(), Some((1, json(&p1))));
+        // Asked again: measured once, the same.
+        assert_eq!(size.size(), Some((1, json(&p1))));
+
+        // A newer version (longer), and a second object, between two asks.
+        let p1b = pod("a", "p1", "2", None, "a-longer-label-value");
+        let p2 = pod("a", "p2", "3", Some("o1"), "web");
+        store.apply(EventType::Modified, &p1b);
+        store.apply(EventType::Added, &p2);
+        assert_eq!(size.size(), Some((2, json(&p1b) + json(&p2))));
+        // Replaced before it was measured, then removed: nothing of it stays counted.
+        store.apply(EventType::Modified, &pod("a", "p2", "4", Some("o1"), "web"));
+        store.apply(EventType::Deleted, &p2);
+        assert_eq!(size.size(), Some((1, json(&p1b))));
+        store.apply(EventType::Deleted, &p1b);
+        assert_eq!(size.size(), Some((0, 0)));
+
+        // A write of ours, remembered, counts as the watch's would.
+        assert!(store.cache().remember((*p1).clone()));
+        assert_eq!(size.size(), Some((1, json(&p1))));
+
+        drop(store);
+        assert_eq!(size.size(), None, "the store is gone");
     }
+
     #[test]
     fn a_remembered_write_is_ours_until_a_newer_version_comes() {
         let caches = Caches::default();

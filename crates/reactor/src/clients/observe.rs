@@ -100,8 +100,11 @@ pub trait Observer: Send + Sync + 'static {
     /// ran (zero when it was never handled).
     fn actor_message(&self, _actor: &str, _outcome: MessageOutcome, _duration: Duration) {}
 
-    /// The shared cache of `resource` now holds `objects` objects, `bytes` bytes of them as JSON.
-    fn cache_size(&self, _resource: &str, _objects: usize, _bytes: usize) {}
+    /// The operator keeps a shared cache of `resource`: `size` tells how many objects it holds and
+    /// their size as JSON whenever asked (a scrape), rather than on each of its events (measuring
+    /// every object as JSON as it came cost the thread that applies the events a twelfth of its
+    /// work).
+    fn cache_served(&self, _resource: &str, _size: Arc<dyn CacheSize>) {}
 
     /// Sharding: whether this replica is a member of the ring `ring` now (its Lease held).
     fn shard_member(&self, _ring: &str, _joined: bool) {}
@@ -121,6 +124,13 @@ pub trait Observer: Send + Sync + 'static {
     /// Sharding: an object of `resource` was handed over, `took` after its drain label first reached
     /// this replica.
     fn handed_over(&self, _resource: &str, _took: Duration) {}
+}
+
+/// A shared cache's size, measured when asked ([`Observer::cache_served`]).
+pub trait CacheSize: Send + Sync {
+    /// The objects the cache holds and their size as JSON (each object measured once per version,
+    /// on the first ask after it came); None once the cache is gone.
+    fn size(&self) -> Option<(usize, usize)>;
 }
 
 /// The observer that observes nothing.
@@ -206,10 +216,10 @@ impl Observer for Tee {
             .iter()
             .for_each(|o| o.api_request(verb, code, duration));
     }
-    fn cache_size(&self, resource: &str, objects: usize, bytes: usize) {
+    fn cache_served(&self, resource: &str, size: Arc<dyn CacheSize>) {
         self.0
             .iter()
-            .for_each(|o| o.cache_size(resource, objects, bytes));
+            .for_each(|o| o.cache_served(resource, size.clone()));
     }
     fn shard_member(&self, ring: &str, joined: bool) {
         self.0.iter().for_each(|o| o.shard_member(ring, joined));
