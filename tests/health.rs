@@ -242,10 +242,7 @@ async fn the_shared_caches_objects_and_bytes_follow_the_objects_when_scraped() {
     .await;
     let (_, grown) = gauges(&grown).unwrap();
 
-    widgets
-        .delete("w1", &Default::default())
-        .await
-        .unwrap();
+    widgets.delete("w1", &Default::default()).await.unwrap();
     until_answer(port, "/metrics", "the deletion measured", |_, body| {
         gauges(body).is_some_and(|(objects, now)| objects == 2.0 && now <= grown - 4000.0)
     })

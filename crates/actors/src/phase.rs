@@ -146,9 +146,10 @@ fn on_event(phase: Phase) -> (Phase, Effects) {
         Phase::Stopping(_) => (phase, smallvec![]),
         Phase::Busy(task) | Phase::Paused(Some(task)) => (Phase::Busy(task), smallvec![Hold]),
         Phase::Scheduled(Wait::Throttle) => (phase, smallvec![Hold]),
-        Phase::Idle | Phase::Paused(None) | Phase::Scheduled(Wait::Consistency | Wait::Retry) => {
-            (Phase::Busy(Task::Cycle), smallvec![Hold, CancelTimer, Cycle])
-        }
+        Phase::Idle | Phase::Paused(None) | Phase::Scheduled(Wait::Consistency | Wait::Retry) => (
+            Phase::Busy(Task::Cycle),
+            smallvec![Hold, CancelTimer, Cycle],
+        ),
     }
 }
 

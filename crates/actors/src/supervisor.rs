@@ -440,30 +440,33 @@ impl ResourceSupervisor {
         if self.shared.is_none() {
             return;
         }
-        let record = self.records.entry(record_key).or_insert_with(|| Record {
-            rv: CompactString::default(),
-            name: object.metadata.name.as_deref().unwrap_or_default().into(),
-            namespace: object
-                .metadata
-                .namespace
-                .as_deref()
-                .map(CompactString::from),
-            keyed_by_uid: object
-                .metadata
-                .uid
-                .as_deref()
-                .is_some_and(|u| !u.is_empty()),
-            sent: 0,
-            memo: None,
-            memory: Memory::Here(ObjectMemory::default()),
-            interrupted: false,
-            held: None,
-            worker: None,
-            body: None,
-            paused_triggers: None,
-            departed: false,
-            draining: false,
-        });
+        let record = self
+            .records
+            .entry(record_key.clone())
+            .or_insert_with(|| Record {
+                rv: CompactString::default(),
+                name: object.metadata.name.as_deref().unwrap_or_default().into(),
+                namespace: object
+                    .metadata
+                    .namespace
+                    .as_deref()
+                    .map(CompactString::from),
+                keyed_by_uid: object
+                    .metadata
+                    .uid
+                    .as_deref()
+                    .is_some_and(|u| !u.is_empty()),
+                sent: 0,
+                memo: None,
+                memory: Memory::Here(ObjectMemory::default()),
+                interrupted: false,
+                held: None,
+                worker: None,
+                body: None,
+                paused_triggers: None,
+                departed: false,
+                draining: false,
+            });
         record.departed = false;
         if record.rv != rv {
             record.rv = CompactString::from(rv);
@@ -482,14 +485,13 @@ impl ResourceSupervisor {
         if let Some(triggers) = record.paused_triggers.take() {
             deliver.triggers = *triggers;
         }
-        self.dispatch(key, deliver);
+        self.dispatch(key, record_key, deliver);
     }
 
     /// Sends the event to the object's worker, starting one with the object's memory if none runs;
     /// holds it while the memory is on its way back from a stopping worker. A deletion removes the
     /// record once dispatched (the worker finishes its last cycle on its own).
-    fn dispatch(&mut self, key: Arc<str>, deliver: Deliver) {
-        let record_key = RecordKey::of(&key);
+    fn dispatch(&mut self, key: Arc<str>, record_key: RecordKey, deliver: Deliver) {
         let (Some(shared), Some(record)) = (self.shared.clone(), self.records.get_mut(&record_key))
         else {
             return;
@@ -953,7 +955,8 @@ impl Handler<Returned> for ResourceSupervisor {
     type Result = ();
 
     fn handle(&mut self, returned: Returned, _: &mut Context<Self>) {
-        let Some(record) = self.records.get_mut(&RecordKey::of(&returned.key)) else {
+        let record_key = RecordKey::of(&returned.key);
+        let Some(record) = self.records.get_mut(&record_key) else {
             // The object was deleted meanwhile: its memory goes with it.
             return;
         };
@@ -965,7 +968,6 @@ impl Handler<Returned> for ResourceSupervisor {
         memory.shed();
         if record.departed {
             // It left this replica's shard while the worker ran.
-            let record_key = RecordKey::of(&returned.key);
             if let Some(record) = self.records.remove(&record_key) {
                 self.actors_gone(&record_key, &record, StopReason::OperatorDraining);
             }
@@ -978,7 +980,7 @@ impl Handler<Returned> for ResourceSupervisor {
         }
         crate::memory::worker_released(&self.config.runtime);
         if let Some(held) = record.held.take() {
-            self.dispatch(returned.key, *held);
+            self.dispatch(returned.key, record_key, *held);
         }
     }
 }
@@ -987,7 +989,8 @@ impl Handler<Interrupted> for ResourceSupervisor {
     type Result = ();
 
     fn handle(&mut self, interrupted: Interrupted, _: &mut Context<Self>) {
-        let Some(record) = self.records.get_mut(&RecordKey::of(&interrupted.key)) else {
+        let record_key = RecordKey::of(&interrupted.key);
+        let Some(record) = self.records.get_mut(&record_key) else {
             return;
         };
         if !matches!(record.memory, Memory::Lent(number) if number == interrupted.number) {
@@ -1014,7 +1017,7 @@ impl Handler<Interrupted> for ResourceSupervisor {
             Instant::now(),
         );
         deliver.triggers = dropped.triggers;
-        self.dispatch(interrupted.key, deliver);
+        self.dispatch(interrupted.key, record_key, deliver);
     }
 }
 
@@ -1084,7 +1087,8 @@ impl Handler<Poke> for ResourceSupervisor {
             return;
         };
         let key: Arc<str> = Arc::from(uid.as_str());
-        let Some(record) = self.records.get_mut(&RecordKey::of(&key)) else {
+        let record_key = RecordKey::of(&key);
+        let Some(record) = self.records.get_mut(&record_key) else {
             // Not seen yet: its first event runs its reconcile handlers anyway.
             return;
         };
@@ -1103,7 +1107,7 @@ impl Handler<Poke> for ResourceSupervisor {
         };
         record.sent += 1;
         let deliver = Deliver::trigger(Trigger::Related(poke.related), body, record.sent);
-        self.dispatch(key, deliver);
+        self.dispatch(key, record_key, deliver);
     }
 }
 
