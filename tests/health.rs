@@ -13,6 +13,13 @@ use kube::api::{Patch, PatchParams, PostParams};
 
 use support::{cluster_with_widgets, free_port, get, operator, spawn, until_answer};
 
+/// An operator of `cluster` serving health and metrics on `port`, with quick health thresholds.
+fn serving(cluster: &kactor_testenv::TestCluster, port: u16) -> Operator {
+    operator(cluster)
+        .liveness(&format!("http://127.0.0.1:{port}/healthz"))
+        .settings(quick_health)
+}
+
 /// Short health thresholds, so that the tests see failures within seconds.
 fn quick_health(settings: &mut Settings) {
     settings.health.heartbeat_interval = Duration::from_millis(100);
@@ -24,20 +31,15 @@ fn quick_health(settings: &mut Settings) {
 async fn a_handler_blocking_an_executor_thread_fails_liveness() {
     let (cluster, widgets) = cluster_with_widgets().await;
     let port = free_port();
-    let running = spawn(
-        operator(&cluster)
-            .liveness(&format!("http://127.0.0.1:{port}/healthz"))
-            .settings(quick_health)
-            .on_create(
-                ("example.com", "v1", "widgets"),
-                "blocking",
-                |_: Ctx| async {
-                    // What a careless handler does: blocking I/O on the runtime's thread.
-                    std::thread::sleep(Duration::from_secs(4));
-                    Ok(())
-                },
-            ),
-    );
+    let running = spawn(serving(&cluster, port).on_create(
+        ("example.com", "v1", "widgets"),
+        "blocking",
+        |_: Ctx| async {
+            // What a careless handler does: blocking I/O on the runtime's thread.
+            std::thread::sleep(Duration::from_secs(4));
+            Ok(())
+        },
+    ));
     until_answer(port, "/healthz", "a healthy operator", |code, _| {
         code == 200
     })
@@ -78,13 +80,7 @@ async fn metrics_parse_as_prometheus_text_and_move_as_objects_are_handled() {
         .unwrap();
     mine.inc_by(7);
     let running = spawn(operator);
-    for name in ["w1", "w2", "w3"] {
-        let widget = serde_json::from_value(samples::widget(name, 1)).unwrap();
-        widgets
-            .create(&PostParams::default(), &widget)
-            .await
-            .unwrap();
-    }
+    create_widgets(&widgets, &["w1", "w2", "w3"]).await;
     let runs = r#"kactor_handler_runs_total{handler="create_fn",resource="widgets.v1.example.com",result="success"} 3"#;
     // The runs are counted when the handlers return, their patches once the API answered them.
     let text = until_answer(
@@ -190,16 +186,11 @@ async fn metrics_parse_as_prometheus_text_and_move_as_objects_are_handled() {
 async fn the_shared_caches_objects_and_bytes_follow_the_objects_when_scraped() {
     let (cluster, widgets) = cluster_with_widgets().await;
     let port = free_port();
-    let running = spawn(
-        operator(&cluster)
-            .liveness(&format!("http://127.0.0.1:{port}/healthz"))
-            .settings(quick_health)
-            .on_reconcile(
-                ("example.com", "v1", "widgets"),
-                Reconcile::id("reconcile"),
-                |_: Ctx| async { Ok(Action::await_change()) },
-            ),
-    );
+    let running = spawn(serving(&cluster, port).on_reconcile(
+        ("example.com", "v1", "widgets"),
+        Reconcile::id("reconcile"),
+        |_: Ctx| async { Ok(Action::await_change()) },
+    ));
     let gauges = |body: &str| -> Option<(f64, f64)> {
         let samples = parse_exposition(body);
         let value = |name: &str| {
@@ -215,13 +206,7 @@ async fn the_shared_caches_objects_and_bytes_follow_the_objects_when_scraped() {
     })
     .await;
 
-    for name in ["w1", "w2", "w3"] {
-        let widget = serde_json::from_value(samples::widget(name, 1)).unwrap();
-        widgets
-            .create(&PostParams::default(), &widget)
-            .await
-            .unwrap();
-    }
+    create_widgets(&widgets, &["w1", "w2", "w3"]).await;
     let three = until_answer(port, "/metrics", "three widgets cached", |_, body| {
         gauges(body).is_some_and(|(objects, _)| objects == 3.0)
     })
@@ -256,9 +241,7 @@ async fn the_first_scrape_shows_every_resources_counters_and_gauges_at_zero() {
     let (cluster, _widgets) = cluster_with_widgets().await;
     let port = free_port();
     let running = spawn(
-        operator(&cluster)
-            .liveness(&format!("http://127.0.0.1:{port}/healthz"))
-            .settings(quick_health)
+        serving(&cluster, port)
             .on_create(
                 ("example.com", "v1", "widgets"),
                 "create_fn",
@@ -339,13 +322,7 @@ async fn an_operator_connected_by_configuration_counts_every_request() {
         Operator::new().kube_config(cluster.config()).standalone(),
         port,
     ));
-    for name in ["w1", "w2"] {
-        let widget = serde_json::from_value(samples::widget(name, 1)).unwrap();
-        widgets
-            .create(&PostParams::default(), &widget)
-            .await
-            .unwrap();
-    }
+    create_widgets(&widgets, &["w1", "w2"]).await;
     let text = until_answer(port, "/metrics", "both widgets' patches", |code, body| {
         code == 200 && requests(body, "patch") >= 4.0
     })
@@ -589,5 +566,16 @@ mod emulator_only {
             "{body}"
         );
         running.stop().await;
+    }
+}
+
+/// Creates the widgets named, each of size 1.
+async fn create_widgets(widgets: &kube::Api<kube::api::DynamicObject>, names: &[&str]) {
+    for name in names {
+        let widget = serde_json::from_value(samples::widget(name, 1)).unwrap();
+        widgets
+            .create(&PostParams::default(), &widget)
+            .await
+            .unwrap();
     }
 }
