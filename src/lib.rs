@@ -149,7 +149,7 @@ pub mod lifecycles {
 /// Hooks for metrics: implement [`Observer`](observe::Observer) for another metrics system.
 pub mod observe {
     pub use kactor_reactor::observe::{
-        HandlerRun, MessageOutcome, NoObserver, Observer, Tee, Verdict,
+        CacheSize, HandlerRun, MessageOutcome, NoObserver, Observer, Tee, Verdict,
     };
     pub use kactor_reactor::watching::RestartReason;
 }
