@@ -558,6 +558,31 @@ async fn a_kopf_style_handler_of_owned_objects_hears_of_each_change_in_its_owner
     running.stop().await;
 }
 
+/// A pause and a resume with nothing changed (a leadership flap): the listing after the resume
+/// passes the unchanged widget, whose worker still waits for its first event after the pause. A
+/// child deleted by hand then is made again at once: its deletion is that event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_deleted_just_after_a_pause_and_a_resume_is_made_again() {
+    let (cluster, widgets) = cluster_with_widgets().await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(cluster.client(), "default");
+    let operator = operator(&cluster).on_reconcile(
+        WIDGETS,
+        Reconcile::id("own").owns("configmaps"),
+        ensure_config_map,
+    );
+    let switch = operator.pause_switch();
+    let running = spawn(operator);
+    create_widget(&widgets, "w1", 1).await;
+    let first = eventually_get(&config_maps, "w1").await;
+    switch.set("test", Some("a leadership flap".into()));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    switch.set("test", None);
+    // The listing after the resume, which finds nothing changed.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    delete_and_see_it_made_again(&config_maps, &first).await;
+    running.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_child_changed_during_a_pause_is_reconciled_after_the_resume() {
     let (cluster, widgets) = cluster_with_widgets().await;
