@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kactor::observe::Observer;
+use kactor::pausing::PauseSwitch;
 use kactor::prelude::*;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
@@ -558,44 +559,60 @@ async fn a_kopf_style_handler_of_owned_objects_hears_of_each_change_in_its_owner
     running.stop().await;
 }
 
+/// A running operator whose widget `w1` owns the ConfigMap `w1` (made by its reconcile handler),
+/// and the operator's pause switch.
+struct Owning {
+    _cluster: kactor_testenv::TestCluster,
+    config_maps: Api<ConfigMap>,
+    switch: PauseSwitch,
+    running: Running,
+    /// The ConfigMap as first made.
+    first: ConfigMap,
+}
+
+impl Owning {
+    async fn start() -> Owning {
+        let (cluster, widgets) = cluster_with_widgets().await;
+        let config_maps: Api<ConfigMap> = Api::namespaced(cluster.client(), "default");
+        let operator = operator(&cluster).on_reconcile(
+            WIDGETS,
+            Reconcile::id("own").owns("configmaps"),
+            ensure_config_map,
+        );
+        let switch = operator.pause_switch();
+        let running = spawn(operator);
+        create_widget(&widgets, "w1", 1).await;
+        let first = eventually_get(&config_maps, "w1").await;
+        Owning {
+            _cluster: cluster,
+            config_maps,
+            switch,
+            running,
+            first,
+        }
+    }
+}
+
 /// A pause and a resume with nothing changed (a leadership flap): the listing after the resume
 /// passes the unchanged widget, whose worker still waits for its first event after the pause. A
 /// child deleted by hand then is made again at once: its deletion is that event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_child_deleted_just_after_a_pause_and_a_resume_is_made_again() {
-    let (cluster, widgets) = cluster_with_widgets().await;
-    let config_maps: Api<ConfigMap> = Api::namespaced(cluster.client(), "default");
-    let operator = operator(&cluster).on_reconcile(
-        WIDGETS,
-        Reconcile::id("own").owns("configmaps"),
-        ensure_config_map,
-    );
-    let switch = operator.pause_switch();
-    let running = spawn(operator);
-    create_widget(&widgets, "w1", 1).await;
-    let first = eventually_get(&config_maps, "w1").await;
+    let owning = Owning::start().await;
+    let (config_maps, switch, first) = (&owning.config_maps, &owning.switch, &owning.first);
     switch.set("test", Some("a leadership flap".into()));
     tokio::time::sleep(Duration::from_millis(200)).await;
     switch.set("test", None);
     // The listing after the resume, which finds nothing changed.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    delete_and_see_it_made_again(&config_maps, &first).await;
-    running.stop().await;
+    delete_and_see_it_made_again(config_maps, first).await;
+    owning.running.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_child_changed_during_a_pause_is_reconciled_after_the_resume() {
-    let (cluster, widgets) = cluster_with_widgets().await;
-    let config_maps: Api<ConfigMap> = Api::namespaced(cluster.client(), "default");
-    let operator = operator(&cluster).on_reconcile(
-        WIDGETS,
-        Reconcile::id("own").owns("configmaps"),
-        ensure_config_map,
-    );
-    let switch = operator.pause_switch();
-    let running = spawn(operator);
-    create_widget(&widgets, "w1", 1).await;
-    let first = eventually_get(&config_maps, "w1").await;
+    let owning = Owning::start().await;
+    let (config_maps, switch, first) = (&owning.config_maps, &owning.switch, &owning.first);
     // Paused (as by a peer of higher priority): the widget does not change, its child goes.
     switch.set("test", Some("a pause".into()));
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -610,7 +627,7 @@ async fn a_child_changed_during_a_pause_is_reconciled_after_the_resume() {
     );
     // Resumed: the listing brings the unchanged widget back for the change it missed.
     switch.set("test", None);
-    let again = eventually_get(&config_maps, "w1").await;
+    let again = eventually_get(config_maps, "w1").await;
     assert_ne!(again.uid(), first.uid());
-    running.stop().await;
+    owning.running.stop().await;
 }

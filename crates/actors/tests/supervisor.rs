@@ -62,10 +62,20 @@ impl Supervised {
     /// The widgets, supervised with one reconcile handler, `func`, and workers that do not idle
     /// out within a test.
     async fn reconciling(widgets: &[&str], func: HandlerFn) -> Supervised {
-        let handlers = |selector| ResourceHandlers {
+        Supervised::reconciling_with(widgets, |_| Reconcile::id("reconcile"), func).await
+    }
+
+    /// As [`Supervised::reconciling`], with the handler's options that `options` makes for the
+    /// widgets' selector.
+    async fn reconciling_with(
+        widgets: &[&str],
+        options: impl FnOnce(&Selector) -> Reconcile,
+        func: HandlerFn,
+    ) -> Supervised {
+        let handlers = |selector: Selector| ResourceHandlers {
             reconcile: vec![ReconcileHandler {
+                options: options(&selector),
                 selector,
-                options: Reconcile::id("reconcile"),
                 func,
             }],
             ..ResourceHandlers::default()
@@ -485,18 +495,8 @@ async fn a_childs_change_after_a_pause_and_a_resume_reconciles_its_owner() {
         async { Ok(Action::await_change()) }
     });
     // It owns widgets too, so that a widget can stand for its child.
-    let handlers = |selector: Selector| ResourceHandlers {
-        reconcile: vec![ReconcileHandler {
-            options: Reconcile::id("reconcile").owns(selector.clone()),
-            selector,
-            func,
-        }],
-        ..ResourceHandlers::default()
-    };
-    let supervised = Supervised::start_handling(&["w1"], handlers, |settings| {
-        settings.queueing.idle_timeout = Duration::from_secs(600);
-    })
-    .await;
+    let owning_widgets = |widgets: &Selector| Reconcile::id("reconcile").owns(widgets.clone());
+    let supervised = Supervised::reconciling_with(&["w1"], owning_widgets, func).await;
     until("the first run", || runs.load(Ordering::Relaxed) == 1).await;
     supervised.supervisor.send(Pause).await.unwrap();
     supervised.supervisor.send(Resume).await.unwrap();

@@ -119,35 +119,25 @@ impl Store {
             return false;
         };
         let mut state = self.write();
-        // Held at this very version: a relist, or the echo of a write of ours remembered from the
-        // server's answer (or a repeated event).
-        let same = |state: &State| {
-            state.objects.get(&key).is_some_and(|e| {
-                e.object.metadata.resource_version == object.metadata.resource_version
-            })
-        };
-        match event_type {
-            EventType::Deleted => state.remove(&key),
-            EventType::Listed => {
-                for (scope, seen) in &mut state.listing {
-                    if scope.is_none() || *scope == key.0 {
-                        seen.insert(key.clone());
-                    }
+        if event_type == EventType::Deleted {
+            return state.remove(&key);
+        }
+        if event_type == EventType::Listed {
+            for (scope, seen) in &mut state.listing {
+                if scope.is_none() || *scope == key.0 {
+                    seen.insert(key.clone());
                 }
-                let changed = !same(&state);
-                if changed {
-                    state.insert(key, object.clone());
-                }
-                changed
-            }
-            EventType::Added | EventType::Modified => {
-                let changed = !same(&state);
-                if changed {
-                    state.insert(key, object.clone());
-                }
-                changed
             }
         }
+        // Held at this very version: a relist, or the echo of a write of ours remembered from the
+        // server's answer (or a repeated event).
+        let same = state.objects.get(&key).is_some_and(|e| {
+            e.object.metadata.resource_version == object.metadata.resource_version
+        });
+        if !same {
+            state.insert(key, object.clone());
+        }
+        !same
     }
 
     /// A listing of `namespace` (None: every namespace) starts: what it does not bring is removed
@@ -278,8 +268,7 @@ impl State {
         // the owners' index as it is.
         if let Some(entry) = self.objects.get_mut(&key) {
             if entry.owners.iter().map(|uid| &**uid).eq(uids()) {
-                let bytes = self.bytes.get_mut();
-                *bytes = bytes.saturating_sub(*entry.bytes.get_mut());
+                uncount(&mut self.bytes, entry);
                 *entry = Entry {
                     object,
                     bytes: AtomicUsize::new(0),
@@ -319,8 +308,7 @@ impl State {
         let Some(mut entry) = self.objects.remove(key) else {
             return false;
         };
-        let bytes = self.bytes.get_mut();
-        *bytes = bytes.saturating_sub(*entry.bytes.get_mut());
+        uncount(&mut self.bytes, &mut entry);
         for owner in entry.owners {
             if let Some(owned) = self.owners.get_mut(&owner) {
                 owned.remove(key);
@@ -331,6 +319,12 @@ impl State {
         }
         true
     }
+}
+
+/// Takes an entry going away (replaced or removed) out of the measured total.
+fn uncount(total: &mut AtomicUsize, entry: &mut Entry) {
+    let total = total.get_mut();
+    *total = total.saturating_sub(*entry.bytes.get_mut());
 }
 
 /// A resource's cache, as a handler reads it (`ctx.cache(..)`).
