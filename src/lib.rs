@@ -139,6 +139,7 @@ pub mod reconcile {
 /// The shared cache that reconcile handlers read (`ctx.cache(..)`).
 pub mod cache {
     pub use kactor_reactor::cache::{Cache, CacheError};
+    pub use kactor_reactor::slim::Slim;
 }
 
 /// The order in which a cause's handlers run.

@@ -106,6 +106,83 @@ async fn an_owned_object_deleted_by_hand_is_made_again_by_its_owner() {
     running.stop().await;
 }
 
+/// What a handler saw of the child it made through its cache's API (`Cache::api`).
+#[derive(Debug, Clone)]
+struct Made {
+    /// The answer to the create, as `Slim` decoded it.
+    answer: DynamicObject,
+    /// The cache's read of the child right after `remember`, before any event of it came.
+    read_back: Option<DynamicObject>,
+}
+
+/// A child made through the cache's API comes back decoded as the cache keeps objects: without
+/// `managedFields` (which the real API server sends with every answer), otherwise what the server
+/// holds; remembered, the very next read of the cache sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_made_through_the_caches_api_is_read_back_without_managed_fields() {
+    let (cluster, widgets) = cluster_with_widgets().await;
+    let made: Arc<Mutex<Option<Made>>> = Arc::default();
+    let seen = made.clone();
+    let operator = operator(&cluster).on_reconcile(
+        WIDGETS,
+        Reconcile::id("own").owns("configmaps"),
+        move |ctx: Ctx| {
+            let seen = seen.clone();
+            async move {
+                let children = ctx.cache("configmaps")?;
+                if children.get(ctx.namespace(), ctx.name()).is_some() {
+                    return Ok(Action::await_change());
+                }
+                let mut child = json!({
+                    "apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": ctx.name()},
+                    "data": {"size": ctx.spec()["size"].to_string()},
+                });
+                ctx.adopt(&mut child)?;
+                let child: DynamicObject = serde_json::from_value(child)?;
+                let answer = children
+                    .api(ctx.client(), ctx.namespace())
+                    .create(&PostParams::default(), &kactor::cache::Slim(child))
+                    .await?
+                    .into_inner();
+                children.remember(answer.clone());
+                let read_back = children
+                    .get(ctx.namespace(), ctx.name())
+                    .map(|c| (*c).clone());
+                *seen.lock().unwrap() = Some(Made { answer, read_back });
+                Ok(Action::await_change())
+            }
+        },
+    );
+    let running = spawn(operator);
+    create_widget(&widgets, "w1", 4).await;
+    eventually("the child made", || made.lock().unwrap().is_some()).await;
+    let Made { answer, read_back } = made.lock().unwrap().clone().unwrap();
+    running.stop().await;
+
+    assert_eq!(answer.metadata.managed_fields, None, "{answer:?}");
+    assert_eq!(answer.data["data"]["size"], "4");
+    assert_eq!(
+        answer
+            .metadata
+            .owner_references
+            .as_ref()
+            .map(|o| o[0].name.as_str()),
+        Some("w1")
+    );
+    // What the server holds, read in full: the same object, but for managedFields.
+    let config_maps = Api::<DynamicObject>::namespaced_with(
+        cluster.client(),
+        "default",
+        &kube::api::ApiResource::erase::<ConfigMap>(&()),
+    );
+    let mut held = config_maps.get("w1").await.unwrap();
+    held.metadata.managed_fields = None;
+    assert_eq!(answer, held);
+    // Remembered: read back at once, as answered.
+    assert_eq!(read_back.as_ref(), Some(&answer));
+}
+
 /// A kind cached as metadata alone (`Operator::cache_metadata_only`): its objects still reach their
 /// owners through their owner references, and the cache holds no body, not even of a child the
 /// handler remembered after making it.

@@ -37,6 +37,7 @@ use foldhash::{HashMap, HashSet, HashSetExt};
 use kube::api::DynamicObject;
 
 use crate::clients::observe::{CacheSize, Observer};
+use crate::clients::slim::Slim;
 use crate::structs::names::EventType;
 use crate::structs::resources::{Resource, Selector};
 
@@ -418,6 +419,33 @@ impl Cache {
     /// Whether it holds nothing.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The API of the cached resource in `namespace` (None: cluster-scoped, or every namespace),
+    /// for the writes whose answers the handler [remembers](Self::remember). Its objects are
+    /// [`Slim`]: decoded as the cache keeps them, without `metadata.managedFields` (which a real
+    /// API server sends with every answer) and in one pass, instead of through
+    /// `DynamicObject`'s buffered `#[serde(flatten)]`.
+    ///
+    /// ```
+    /// # use kactor_reactor::handlers::{Ctx, HandlerError};
+    /// # use kactor_reactor::slim::Slim;
+    /// use kube::api::{DynamicObject, PostParams};
+    /// use serde_json::json;
+    ///
+    /// async fn make_child(ctx: &Ctx) -> Result<(), HandlerError> {
+    ///     let children = ctx.cache("configmaps")?;
+    ///     let mut child = json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {"size": "3"}});
+    ///     ctx.adopt(&mut child)?;
+    ///     let child: DynamicObject = serde_json::from_value(child)?;
+    ///     let api = children.api(ctx.client(), ctx.namespace());
+    ///     let made = api.create(&PostParams::default(), &Slim(child)).await?;
+    ///     children.remember(made.into_inner());
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn api(&self, client: kube::Client, namespace: Option<&str>) -> kube::Api<Slim> {
+        crate::clients::slim::api(client, namespace, &self.resource().api_resource())
     }
 
     /// Keeps an object as the API server answered a write of ours (a create, a patch), so that the

@@ -19,7 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ApiResource, DynamicObject, TypeMeta};
 use kube::Resource;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 /// A [`DynamicObject`] decoded without `metadata.managedFields`; see the module's documentation.
@@ -82,6 +82,13 @@ impl Resource for Slim {
 
     fn meta_mut(&mut self) -> &mut ObjectMeta {
         &mut self.0.metadata
+    }
+}
+
+/// Encoded as the [`DynamicObject`] it holds, so that an `Api<Slim>` can create and replace.
+impl Serialize for Slim {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
     }
 }
 
@@ -257,6 +264,22 @@ mod tests {
         json!([{"manager": "kubectl", "operation": "Update", "apiVersion": "v1",
                 "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1",
                 "fieldsV1": {"f:metadata": {"f:labels": {".": {}, "f:app": {}}}, "f:spec": {"f:size": {}}}}])
+    }
+
+    /// Sent as the `DynamicObject` it holds (an `Api<Slim>` creates what an `Api<DynamicObject>`
+    /// would), and read back the same.
+    #[test]
+    fn objects_encode_as_dynamic_objects_do() {
+        let object: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "c", "namespace": "n", "labels": {"app": "demo"}},
+            "data": {"size": "3"},
+        }))
+        .unwrap();
+        let text = serde_json::to_string(&Slim(object.clone())).unwrap();
+        assert_eq!(text, serde_json::to_string(&object).unwrap());
+        let back: Slim = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.into_inner(), object);
     }
 
     /// The same as `DynamicObject` decodes it, but for `managedFields`.
