@@ -22,6 +22,9 @@ use support::{cluster_with_widgets, operator, spawn};
 
 const MANAGED: &str = "auto.kactor.test";
 
+/// The widgets, named exactly (group, version, plural): a resource that may be served later.
+const WIDGETS: (&str, &str, &str) = ("example.com", "v1", "widgets");
+
 /// An operator validating widgets' sizes (over 10 is denied with 400, over 5 warned about) and
 /// labelling every new widget, served on 127.0.0.1, its configurations managed.
 fn admitting(cluster: &TestCluster) -> Operator {
@@ -35,7 +38,7 @@ fn admitting(cluster: &TestCluster) -> Operator {
             s.admission.managed = Some(MANAGED.into());
         })
         .on_validate(
-            "widgets.example.com",
+            WIDGETS,
             Admission::id("check-size").operations([Operation::Create, Operation::Update]),
             |ctx: Arc<AdmissionCtx>| async move {
                 let size = ctx.spec()["size"].as_i64().unwrap_or_default();
@@ -49,7 +52,7 @@ fn admitting(cluster: &TestCluster) -> Operator {
             },
         )
         .on_mutate(
-            "widgets.example.com",
+            WIDGETS,
             Admission::id("label").operations([Operation::Create]),
             |ctx: Arc<AdmissionCtx>| async move {
                 ctx.patch().label("admitted-by", Some("kactor"));
@@ -112,6 +115,32 @@ async fn managed_webhook_configurations_live_as_long_as_the_operator() {
         mutating.get_opt(MANAGED).await.unwrap().is_none(),
         "withdrawn at exit"
     );
+}
+
+/// An operator deployed together with its CRD may start before the API server serves it: its
+/// webhooks wait for the resource (a resource still missing after 30 s is an error), and are
+/// configured once it is served, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_started_before_their_crd_is_served_are_configured_once_it_is() {
+    let cluster = TestCluster::builder().start().await.unwrap();
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(cluster.client());
+    let mut running = spawn(admitting(&cluster));
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    running.assert_running().await;
+    assert!(
+        validating.get_opt(MANAGED).await.unwrap().is_none(),
+        "nothing to configure before the widgets are served"
+    );
+    kactor::emulator::samples::install_widgets(&cluster.client())
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + support::WAIT;
+    while validating.get_opt(MANAGED).await.unwrap().is_none() {
+        running.assert_running().await;
+        assert!(tokio::time::Instant::now() < deadline, "no {MANAGED}");
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    running.stop().await;
 }
 
 /// The real API server calls the webhooks (the emulator does not call webhooks).

@@ -1744,7 +1744,7 @@ mod apiserver_only {
             "127.0.0.1",
             0,
         );
-        let running = spawn(operator);
+        let mut running = spawn(operator);
         // Until the API server has seen the webhook configuration: dry runs.
         let dry = PostParams {
             dry_run: true,
@@ -1758,6 +1758,7 @@ mod apiserver_only {
                 Ok(_) => {}
                 Err(other) => panic!("{other}"),
             }
+            running.assert_running().await;
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "the webhook never took effect"

@@ -27,6 +27,14 @@ pub struct Running {
 }
 
 impl Running {
+    /// Panics with the operator's error if it ended on its own (it runs until stopped).
+    pub async fn assert_running(&mut self) {
+        if self.task.is_finished() {
+            let ended = (&mut self.task).await.expect("the operator task");
+            panic!("the operator ended on its own: {ended:?}");
+        }
+    }
+
     /// Stops it, and checks that it ends well and in time.
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
