@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
+use kactor::cache::{Cache, Slim};
 use kactor::observe::Observer;
 use kactor::pausing::PauseSwitch;
 use kactor::prelude::*;
@@ -28,24 +29,34 @@ async fn create_widget(widgets: &Api<DynamicObject>, name: &str, size: i64) -> D
 }
 
 /// The ConfigMap a widget owns, as a reconcile handler makes it: named after it, owned by it.
-fn config_map_of(ctx: &Ctx) -> Result<ConfigMap, HandlerError> {
-    let mut config_map: ConfigMap = serde_json::from_value(json!({
+fn config_map_of(ctx: &Ctx) -> Result<DynamicObject, HandlerError> {
+    let mut config_map = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": ctx.name()},
         "data": {"size": ctx.spec()["size"].to_string()},
-    }))?;
+    });
     ctx.adopt(&mut config_map)?;
-    Ok(config_map)
+    Ok(serde_json::from_value(config_map)?)
+}
+
+/// Makes the widget's ConfigMap through the cache's API (`Cache::api`) and keeps the answer in
+/// the cache (our own write, read back before the watch brings it); returns the answer.
+async fn make_config_map(ctx: &Ctx, cache: &Cache) -> Result<DynamicObject, HandlerError> {
+    let made = cache
+        .api(ctx.client(), ctx.namespace())
+        .create(&PostParams::default(), &Slim(config_map_of(ctx)?))
+        .await?
+        .into_inner();
+    cache.remember(made.clone());
+    Ok(made)
 }
 
 /// The reconcile handler of the owning tests: the widget's ConfigMap is made if the cache has
-/// none, and the answer kept in the cache (our own write, read back before the watch brings it).
+/// none.
 async fn ensure_config_map(ctx: Ctx) -> Result<Action, HandlerError> {
     let cache = ctx.cache("configmaps")?;
     if cache.get(ctx.namespace(), ctx.name()).is_none() {
-        let made = Api::<ConfigMap>::namespaced(ctx.client(), "default")
-            .create(&PostParams::default(), &config_map_of(&ctx)?)
-            .await?;
-        cache.remember(serde_json::from_value(serde_json::to_value(made)?)?);
+        make_config_map(&ctx, &cache).await?;
     }
     Ok(Action::await_change())
 }
@@ -129,27 +140,12 @@ async fn a_child_made_through_the_caches_api_is_read_back_without_managed_fields
         move |ctx: Ctx| {
             let seen = seen.clone();
             async move {
-                let children = ctx.cache("configmaps")?;
-                if children.get(ctx.namespace(), ctx.name()).is_some() {
-                    return Ok(Action::await_change());
+                let cache = ctx.cache("configmaps")?;
+                if cache.get(ctx.namespace(), ctx.name()).is_none() {
+                    let answer = make_config_map(&ctx, &cache).await?;
+                    let read_back = cache.get(ctx.namespace(), ctx.name()).map(|c| (*c).clone());
+                    *seen.lock().unwrap() = Some(Made { answer, read_back });
                 }
-                let mut child = json!({
-                    "apiVersion": "v1", "kind": "ConfigMap",
-                    "metadata": {"name": ctx.name()},
-                    "data": {"size": ctx.spec()["size"].to_string()},
-                });
-                ctx.adopt(&mut child)?;
-                let child: DynamicObject = serde_json::from_value(child)?;
-                let answer = children
-                    .api(ctx.client(), ctx.namespace())
-                    .create(&PostParams::default(), &kactor::cache::Slim(child))
-                    .await?
-                    .into_inner();
-                children.remember(answer.clone());
-                let read_back = children
-                    .get(ctx.namespace(), ctx.name())
-                    .map(|c| (*c).clone());
-                *seen.lock().unwrap() = Some(Made { answer, read_back });
                 Ok(Action::await_change())
             }
         },

@@ -78,24 +78,21 @@ async fn served_soon(
     let mut warned = false;
     loop {
         let resources = discovery::scan(client).await?;
-        let missing: Vec<&&Selector> = selectors
-            .iter()
-            .filter(|s| {
-                s.exact
-                    && matches!(
-                        s.resolve(&resources),
-                        Err(discovery::ResolveError::NotFound { .. })
-                    )
-            })
-            .collect();
-        let Some(first) = missing.first() else {
+        let missing = selectors.iter().find(|s| {
+            s.exact
+                && matches!(
+                    s.resolve(&resources),
+                    Err(discovery::ResolveError::NotFound { .. })
+                )
+        });
+        let Some(missing) = missing else {
             return Ok(resources);
         };
         if tokio::time::Instant::now() + pause > deadline {
             return Ok(resources);
         }
         if !warned {
-            tracing::warn!(resource = %first, "an admission handler's resource is not served yet; waiting up to {}s for it", patience.as_secs());
+            tracing::warn!(resource = %missing, "an admission handler's resource is not served yet; waiting up to {}s for it", patience.as_secs());
             warned = true;
         }
         tokio::time::sleep(pause).await;
