@@ -198,6 +198,16 @@ pub struct RunArgs {
     #[arg(long, env = "KACTOR_DEV", action = ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
     pub dev: bool,
 
+    /// How many object threads run the objects' workers and handlers (the setting
+    /// execution.object_threads; default: the CPUs the process may use, its cgroup's CPU limit
+    /// included).
+    ///
+    /// Each object's handlers run on one of these threads, one single-threaded runtime each.
+    /// 0: the workers run on the actors' thread and the handlers on the operator's multi-threaded
+    /// runtime, as tasks (for handlers that call tokio's block_in_place).
+    #[arg(long, value_name = "N", env = "KACTOR_OBJECT_THREADS")]
+    pub object_threads: Option<usize>,
+
     /// Work only while holding a coordination.k8s.io/v1 Lease; wait as a warm standby otherwise.
     ///
     /// Leases last 15 s, are renewed every 2 s and lost if not renewed within 10 s, as with
@@ -352,6 +362,9 @@ impl RunArgs {
         }
         if self.dev {
             args.push("--dev".to_string());
+        }
+        if let Some(threads) = self.object_threads {
+            args.push(format!("--object-threads={threads}"));
         }
         if self.leader_election {
             args.push("--leader-election".to_string());
@@ -1085,6 +1098,8 @@ pub(crate) mod tests {
                 "ns",
             ],
             &["-L", "http://0.0.0.0:8080/healthz"],
+            &["--object-threads", "0"],
+            &["--object-threads=4", "-A"],
         ] {
             let args = parse(line).unwrap();
             let written = args.to_args();

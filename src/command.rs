@@ -84,9 +84,10 @@ impl Operator {
         result.and(closed)
     }
 
-    /// Applies the options of `run` (scope, peering, priority, leader election, liveness), as
-    /// [`run_from_args`](Self::run_from_args) does, for a program that parses its own command line
-    /// with [`RunArgs`](crate::cli::RunArgs) flattened into it. Logging is the program's to set up.
+    /// Applies the options of `run` (scope, peering, priority, object threads, leader election,
+    /// liveness), as [`run_from_args`](Self::run_from_args) does, for a program that parses its own
+    /// command line with [`RunArgs`](crate::cli::RunArgs) flattened into it. Logging is the
+    /// program's to set up.
     pub fn with_args(self, args: &crate::cli::RunArgs) -> Self {
         let mut operator = self.scope(args.scope());
         if args.standalone {
@@ -98,6 +99,9 @@ impl Operator {
             operator = operator.peering_settings(|peering| peering.create_missing = true);
         }
         operator = operator.priority(if args.dev { 666 } else { args.priority });
+        if let Some(threads) = args.object_threads {
+            operator = operator.settings(|settings| settings.execution.object_threads = threads);
+        }
         if let Some(url) = &args.liveness {
             operator = operator.liveness(url);
         }

@@ -27,42 +27,59 @@ fn quick_health(settings: &mut Settings) {
     settings.health.metrics_cache = Duration::ZERO;
 }
 
+/// A careless handler blocks its thread: by default an object thread, whose heartbeat stops (the
+/// `actors` check names it); with no object threads, a thread of the operator's runtime (the
+/// `executor` check). Either way `/healthz` fails, says what to do, and passes again once the
+/// handler returned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_handler_blocking_an_executor_thread_fails_liveness() {
-    let (cluster, widgets) = cluster_with_widgets().await;
-    let port = free_port();
-    let running = spawn(serving(&cluster, port).on_create(
-        ("example.com", "v1", "widgets"),
-        "blocking",
-        |_: Ctx| async {
-            // What a careless handler does: blocking I/O on the runtime's thread.
-            std::thread::sleep(Duration::from_secs(4));
-            Ok(())
-        },
-    ));
-    until_answer(port, "/healthz", "a healthy operator", |code, _| {
-        code == 200
-    })
-    .await;
-    let widget = serde_json::from_value(samples::widget("w1", 1)).unwrap();
-    widgets
-        .create(&PostParams::default(), &widget)
-        .await
-        .unwrap();
-    let body = until_answer(
-        port,
-        "/healthz",
-        "the blocked thread detected",
-        |code, _| code == 500,
-    )
-    .await;
-    assert!(body.contains("[-]executor failed"), "{body}");
-    assert!(body.contains("spawn_blocking"), "says what to do: {body}");
-    until_answer(port, "/healthz", "healthy once it returned", |code, _| {
-        code == 200
-    })
-    .await;
-    running.stop().await;
+async fn a_handler_blocking_its_thread_fails_liveness() {
+    for (object_threads, failed, names) in [
+        (None, "[-]actors failed", "object thread"),
+        (Some(0), "[-]executor failed", "runtime worker thread"),
+    ] {
+        let (cluster, widgets) = cluster_with_widgets().await;
+        let port = free_port();
+        let operator = serving(&cluster, port)
+            .settings(|settings| {
+                if let Some(threads) = object_threads {
+                    settings.execution.object_threads = threads;
+                }
+            })
+            .on_create(
+                ("example.com", "v1", "widgets"),
+                "blocking",
+                |_: Ctx| async {
+                    // What a careless handler does: blocking I/O on the thread that runs it.
+                    std::thread::sleep(Duration::from_secs(4));
+                    Ok(())
+                },
+            );
+        let running = spawn(operator);
+        until_answer(port, "/healthz", "a healthy operator", |code, _| {
+            code == 200
+        })
+        .await;
+        let widget = serde_json::from_value(samples::widget("w1", 1)).unwrap();
+        widgets
+            .create(&PostParams::default(), &widget)
+            .await
+            .unwrap();
+        let body = until_answer(
+            port,
+            "/healthz",
+            "the blocked thread detected",
+            |code, _| code == 500,
+        )
+        .await;
+        assert!(body.contains(failed), "{object_threads:?}: {body}");
+        assert!(body.contains(names), "{object_threads:?}: {body}");
+        assert!(body.contains("spawn_blocking"), "says what to do: {body}");
+        until_answer(port, "/healthz", "healthy once it returned", |code, _| {
+            code == 200
+        })
+        .await;
+        running.stop().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

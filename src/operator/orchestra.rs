@@ -119,7 +119,10 @@ impl Orchestra {
             settings: Arc::new(operator.settings.clone()),
             registry: operator.registry.clone(),
             hosts: operator.hosts.clone(),
-            actors: ActorSystem::start(operator.settings.execution.actors_scheduling)?,
+            actors: ActorSystem::start(
+                operator.settings.execution.actors_scheduling,
+                operator.settings.execution.object_threads,
+            )?,
             limiter: Arc::new(Semaphore::new(
                 operator.settings.execution.max_concurrent_handlers.max(1),
             )),
@@ -150,8 +153,29 @@ impl Orchestra {
         })
     }
 
-    /// Starts the health actor on the actors' thread: its heartbeats prove the thread is not stuck.
+    /// Gives each object thread a client of its own, made there with `make`, so that the requests
+    /// of the handlers that run on a thread (and their connections) stay on it. Before any
+    /// supervisor starts.
+    pub(super) async fn connect_object_threads<F>(&mut self, make: F) -> Result<()>
+    where
+        F: Fn() -> Result<kube::Client, kube::Error> + Send + Sync + 'static,
+    {
+        self.actors.connect_object_threads(make).await?;
+        Ok(())
+    }
+
+    /// Starts the health actors on the actors' thread and on each object thread: their heartbeats
+    /// prove the threads are not stuck.
     pub(super) async fn start_health(&mut self, state: Arc<HealthState>) -> Result<()> {
+        use actix::Actor as _;
+        let threads = self.actors.object_threads();
+        state.expect_object_threads(threads.len());
+        for (number, thread) in threads.iter().enumerate() {
+            let state = state.clone();
+            HealthActor::start_in_arbiter(&thread.arbiter, move |_| {
+                HealthActor::for_object_thread(state, number)
+            });
+        }
         self.health = Some(
             self.actors
                 .start_actor(move || HealthActor::new(state))
@@ -386,6 +410,7 @@ impl Orchestra {
                 poster: self.poster.clone(),
                 settings: self.settings.clone(),
                 runtime: tokio::runtime::Handle::current(),
+                object_threads: self.actors.object_threads(),
                 limiter: self.limiter.clone(),
                 tracker: self.tracker.clone(),
                 daemon_tracker: self.daemon_tracker.clone(),

@@ -59,12 +59,21 @@ impl Operator {
         let connection = Connection::resolve(self.connection.as_ref())
             .await
             .map_err(|e| credentials(kube::Error::InferConfig(e)))?;
+        // By configuration, each object thread gets a client of its own too (see
+        // `Orchestra::connect_object_threads`); a ready-made client is shared.
+        let mut thread_client = None;
         let client = match connection {
             Connection::Client(client) => metered(client, observer.clone()),
-            Connection::Config(config) => kube::client::ClientBuilder::try_from(*config)
-                .map_err(credentials)?
-                .with_layer(&MeteredLayer(observer.clone()))
-                .build(),
+            Connection::Config(config) => {
+                let observer = observer.clone();
+                let make = move || {
+                    kube::client::ClientBuilder::try_from((*config).clone())
+                        .map(|builder| builder.with_layer(&MeteredLayer(observer.clone())).build())
+                };
+                let client = make().map_err(credentials)?;
+                thread_client = Some(make);
+                client
+            }
         };
         let activity_ctx = ActivityCtx {
             memo: self.memo.clone(),
@@ -116,6 +125,9 @@ impl Operator {
         let mut coordination = Coordination::start(&self, &client, &observer)?;
         let mut orchestra =
             Orchestra::new(&self, client.clone(), observer.clone(), watches).await?;
+        if let Some(make) = thread_client {
+            orchestra.connect_object_threads(make).await?;
+        }
         if self.sharding.is_some() {
             coordination.start_assigner(&self, &client, &observer, orchestra.shard_targets()?);
         }

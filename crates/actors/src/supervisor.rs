@@ -54,6 +54,7 @@ use tokio::sync::Semaphore;
 use crate::daemons::{ApiSink, DaemonEnv};
 use crate::keys::RecordKey;
 use crate::objects::{ActorEnv, ObjectHost, ObjectKey};
+use crate::system::ObjectThreads;
 use crate::tracker::Tracker;
 pub use kactor_reactor::resources::object_key as key_of;
 
@@ -79,8 +80,12 @@ pub struct SupervisorConfig {
     pub poster: EventPoster,
     /// The operator's settings.
     pub settings: Arc<Settings>,
-    /// The runtime that runs the watch stream and the handlers.
+    /// The runtime that runs the watch stream, the daemons and timers (and the cycles, when there
+    /// are no object threads).
     pub runtime: Handle,
+    /// Where the workers start and their cycles run; none: on the supervisor's thread, their
+    /// cycles on `runtime`.
+    pub object_threads: ObjectThreads,
     /// The global limit of concurrently running handlers.
     pub limiter: Arc<Semaphore>,
     /// The handler tasks in flight.
@@ -311,6 +316,9 @@ pub struct ResourceSupervisor {
     /// Counts the streams started: what an earlier (aborted) stream still had in flight is dropped.
     generation: u64,
     shared: Option<Arc<WorkerShared>>,
+    /// What the workers on each object thread share: as `shared`, with the processor that uses
+    /// that thread's own client (when it has one).
+    thread_shared: Vec<Arc<WorkerShared>>,
     /// The stream's health, across the streams of pauses and resumes.
     status: Arc<WatchStatus>,
     /// The stream's place on the board, while the supervisor runs.
@@ -374,6 +382,7 @@ impl ResourceSupervisor {
             watch: None,
             generation: 0,
             shared: None,
+            thread_shared: Vec::new(),
             status,
             entry,
             workers_started: 0,
@@ -520,7 +529,20 @@ impl ResourceSupervisor {
                 return;
             };
             let memo = record.memo.get_or_insert_with(Memo::default).clone();
-            let worker = ObjectWorker::new(key.clone(), number, memo, memory, shared).start();
+            let placed = self.config.object_threads.place(number).and_then(|index| {
+                let thread = self.config.object_threads.get(index)?;
+                Some((
+                    thread.arbiter.clone(),
+                    self.thread_shared.get(index)?.clone(),
+                ))
+            });
+            let worker = match placed {
+                Some((thread, shared)) => {
+                    let made = ObjectWorker::new(key.clone(), number, memo, memory, shared);
+                    ObjectWorker::start_in_arbiter(&thread, move |_| made)
+                }
+                None => ObjectWorker::new(key.clone(), number, memo, memory, shared).start(),
+            };
             worker.do_send(deliver);
             record.worker = Some(worker);
         }
@@ -800,23 +822,26 @@ impl Actor for ResourceSupervisor {
                 indexes: config.indexes.clone(),
             })
         });
-        let processor = Processor::new(
-            config.resource.clone(),
-            config.handlers.clone(),
-            config.settings.clone(),
-            client,
-            config.poster.clone(),
-            config.limiter.clone(),
-        )
-        .observed(config.observer.clone());
-        let processor = match &config.caches {
-            Some(caches) => processor.with_caches(caches.clone()),
-            None => processor,
+        let processor = |client: Arc<kube::Client>| {
+            let processor = Processor::new(
+                config.resource.clone(),
+                config.handlers.clone(),
+                config.settings.clone(),
+                client,
+                config.poster.clone(),
+                config.limiter.clone(),
+            )
+            .observed(config.observer.clone());
+            let processor = match &config.caches {
+                Some(caches) => processor.with_caches(caches.clone()),
+                None => processor,
+            };
+            Arc::new(match &config.indexes {
+                Some(indexes) => processor.with_indexes(indexes.clone()),
+                None => processor,
+            })
         };
-        let processor = match &config.indexes {
-            Some(indexes) => processor.with_indexes(indexes.clone()),
-            None => processor,
-        };
+        let common = processor(client);
         for host in &config.actors {
             host.bind(ActorEnv {
                 runtime: config.runtime.clone(),
@@ -825,9 +850,10 @@ impl Actor for ResourceSupervisor {
             });
             config.observer.actors_served(host.name());
         }
-        self.shared = Some(Arc::new(WorkerShared {
-            processor: Arc::new(processor),
+        let shared = Arc::new(WorkerShared {
+            processor: common.clone(),
             runtime: config.runtime.clone(),
+            in_place: !config.object_threads.is_empty(),
             tracker: config.tracker.clone(),
             idle_timeout: config.settings.queueing.idle_timeout,
             consistency_timeout: config.settings.persistence.consistency_timeout,
@@ -836,7 +862,19 @@ impl Actor for ResourceSupervisor {
             returns: ctx.address().recipient(),
             interruptions: ctx.address().recipient(),
             daemons,
-        }));
+        });
+        self.thread_shared = config
+            .object_threads
+            .iter()
+            .map(|thread| match &thread.client {
+                Some(client) => Arc::new(WorkerShared {
+                    processor: processor(Arc::new(client.clone())),
+                    ..(*shared).clone()
+                }),
+                None => shared.clone(),
+            })
+            .collect();
+        self.shared = Some(shared);
         if config.start_paused {
             tracing::debug!(supervisor = %self.label, "starting paused");
         } else {

@@ -1,17 +1,78 @@
 //! The actors' thread: one actix System on a thread of its own, so that no user code and no JSON
-//! decoding ever runs where the actors run, and the operator's `run()` future stays `Send`.
+//! decoding ever runs where the supervisors run, and the operator's `run()` future stays `Send`;
+//! and the object threads, where the objects' workers and their cycles run
+//! ([`Execution::object_threads`](kactor_reactor::settings::Execution::object_threads)).
 
 use std::future::Future;
+use std::sync::Arc;
 
 use actix::prelude::*;
 use kactor_reactor::settings::ActorsScheduling;
 use tokio::sync::oneshot;
 
-/// A handle to the actors' thread; dropping it stops the thread.
+/// A handle to the actors' thread and the object threads; dropping it stops them.
 pub struct ActorSystem {
     system: actix::System,
     arbiter: actix::ArbiterHandle,
     thread: Option<std::thread::JoinHandle<()>>,
+    objects: ObjectThreads,
+    /// The object threads' arbiters, joined when the system stops.
+    arbiters: Vec<actix::Arbiter>,
+}
+
+/// The object threads: each an actix arbiter (a thread with a single-threaded runtime) of the
+/// actors' system, and a client of its own when the operator connects by configuration. Each
+/// object's worker is started on one of them, and runs its cycles there. Cheap to clone; none: the
+/// workers start on the caller's (the actors') thread.
+#[derive(Clone, Default)]
+pub struct ObjectThreads(Arc<[ObjectThread]>);
+
+/// One object thread.
+#[derive(Clone)]
+pub struct ObjectThread {
+    /// Where its actors start.
+    pub arbiter: actix::ArbiterHandle,
+    /// A client made on this thread (see [`ActorSystem::connect_object_threads`]): its request
+    /// buffer and its connections run here, so that a handler's requests do not cross threads.
+    /// None: the thread's cycles use the operator's client.
+    pub client: Option<kube::Client>,
+}
+
+impl ObjectThreads {
+    /// How many there are.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Every object thread, by its number.
+    pub fn iter(&self) -> impl Iterator<Item = &ObjectThread> {
+        self.0.iter()
+    }
+
+    /// The number of the thread of the `number`th worker (in turn, so that each thread gets as
+    /// many); none when there are no object threads.
+    pub fn place(&self, number: u64) -> Option<usize> {
+        match self.0.len() {
+            0 => None,
+            len => Some((number % len as u64) as usize),
+        }
+    }
+
+    /// Object thread `index`.
+    pub fn get(&self, index: usize) -> Option<&ObjectThread> {
+        self.0.get(index)
+    }
+}
+
+impl std::fmt::Debug for ObjectThreads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ObjectThreads({})", self.0.len())
+    }
 }
 
 /// The actors' thread could not be started or is gone.
@@ -26,8 +87,9 @@ pub enum SystemError {
 }
 
 impl ActorSystem {
-    /// Starts the actors' thread, scheduled as `scheduling` says.
-    pub fn start(scheduling: ActorsScheduling) -> Result<Self, SystemError> {
+    /// Starts the actors' thread, scheduled as `scheduling` says, and `object_threads` object
+    /// threads (scheduled as the OS does by default: they run handlers).
+    pub fn start(scheduling: ActorsScheduling, object_threads: usize) -> Result<Self, SystemError> {
         let (ready, handles) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("kactor-actors".into())
@@ -35,16 +97,73 @@ impl ActorSystem {
                 schedule(scheduling);
                 let runner = actix::System::new();
                 runner.block_on(async {
-                    let _ = ready.send((actix::System::current(), actix::Arbiter::current()));
+                    // Arbiters are started from within their system, which stops them with it.
+                    let arbiters: Vec<actix::Arbiter> =
+                        (0..object_threads).map(|_| actix::Arbiter::new()).collect();
+                    let _ = ready.send((
+                        actix::System::current(),
+                        actix::Arbiter::current(),
+                        arbiters,
+                    ));
                 });
                 let _ = runner.run();
             })?;
-        let (system, arbiter) = handles.recv().map_err(|_| SystemError::Gone)?;
+        let (system, arbiter, arbiters) = handles.recv().map_err(|_| SystemError::Gone)?;
+        let objects = ObjectThreads(
+            arbiters
+                .iter()
+                .map(|arbiter| ObjectThread {
+                    arbiter: arbiter.handle(),
+                    client: None,
+                })
+                .collect(),
+        );
         Ok(ActorSystem {
             system,
             arbiter,
             thread: Some(thread),
+            objects,
+            arbiters,
         })
+    }
+
+    /// The object threads, for the supervisors to start their workers on.
+    pub fn object_threads(&self) -> ObjectThreads {
+        self.objects.clone()
+    }
+
+    /// Makes a client on each object thread with `make` (kube's client spawns its request buffer
+    /// where it is made, and the buffer its connections), for the cycles that run there. A thread
+    /// where `make` fails keeps using the operator's client. Call it before the supervisors start:
+    /// they take the threads as they are then.
+    pub async fn connect_object_threads<F>(&mut self, make: F) -> Result<(), SystemError>
+    where
+        F: Fn() -> Result<kube::Client, kube::Error> + Send + Sync + 'static,
+    {
+        let make = Arc::new(make);
+        let mut threads = Vec::with_capacity(self.objects.len());
+        for thread in self.objects.iter() {
+            let (tx, rx) = oneshot::channel();
+            let make = make.clone();
+            if !thread.arbiter.spawn_fn(move || {
+                let _ = tx.send(make());
+            }) {
+                return Err(SystemError::Gone);
+            }
+            let client = match rx.await.map_err(|_| SystemError::Gone)? {
+                Ok(client) => Some(client),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot make a client on an object thread; its handlers use the operator's");
+                    None
+                }
+            };
+            threads.push(ObjectThread {
+                arbiter: thread.arbiter.clone(),
+                client,
+            });
+        }
+        self.objects = ObjectThreads(threads.into());
+        Ok(())
     }
 
     /// Runs `make` on the actors' thread (to start actors there) and returns what it made.
@@ -83,6 +202,10 @@ impl ActorSystem {
 
     fn halt(&mut self) {
         self.system.stop();
+        for arbiter in self.arbiters.drain(..) {
+            arbiter.stop();
+            let _ = arbiter.join();
+        }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -120,7 +243,7 @@ mod tests {
 
     /// The policy the actors' thread runs under, asked on that thread.
     async fn policy(scheduling: ActorsScheduling) -> libc::c_int {
-        let actors = ActorSystem::start(scheduling).unwrap();
+        let actors = ActorSystem::start(scheduling, 1).unwrap();
         // SAFETY: asks the calling thread's policy (pid 0).
         let policy = actors
             .run(|| unsafe { libc::sched_getscheduler(0) })

@@ -255,8 +255,11 @@ pub struct Interrupted {
 pub struct WorkerShared {
     /// Runs the cycles.
     pub processor: Arc<Processor>,
-    /// The runtime cycles run on.
+    /// The runtime cycles run on, unless they run in place.
     pub runtime: Handle,
+    /// The workers run on object threads: each cycle runs on its worker's thread (in that
+    /// thread's runtime), not on `runtime`.
+    pub in_place: bool,
     /// The cycle tasks in flight.
     pub tracker: Arc<Tracker>,
     /// `queueing.idle_timeout`.
@@ -723,7 +726,17 @@ impl ObjectWorker {
         });
         self.shared
             .tracker
-            .spawn(&self.shared.runtime, cycle.instrument(span));
+            .spawn(&self.runtime(), cycle.instrument(span));
+    }
+
+    /// Where this worker's cycles and touches run: its own thread's runtime on an object thread
+    /// (so that the cycle's data stays on the thread that made it and will free it), else the
+    /// operator's.
+    fn runtime(&self) -> Handle {
+        match self.shared.in_place {
+            true => Handle::current(),
+            false => self.shared.runtime.clone(),
+        }
     }
 
     /// Touches the object after a retry sleep, so that its event starts the next cycle.
@@ -741,7 +754,7 @@ impl ObjectWorker {
         };
         self.shared
             .tracker
-            .spawn(&self.shared.runtime, touch.instrument(span));
+            .spawn(&self.runtime(), touch.instrument(span));
     }
 
     /// New requests of ours went out: the version we waited for (if it has not come back) and the

@@ -109,6 +109,11 @@ impl Supervised {
         let handlers = handlers(Selector::from(&*resource));
         let mut settings = Settings::default();
         configure(&mut settings);
+        let actors = ActorSystem::start(
+            settings.execution.actors_scheduling,
+            settings.execution.object_threads,
+        )
+        .unwrap();
         let config = SupervisorConfig {
             resource: resource.clone(),
             namespace: Some("default".into()),
@@ -117,6 +122,7 @@ impl Supervised {
             poster: EventPoster::disabled(),
             settings: Arc::new(settings),
             runtime: tokio::runtime::Handle::current(),
+            object_threads: actors.object_threads(),
             limiter: Arc::new(Semaphore::new(8)),
             tracker: Arc::new(Tracker::default()),
             daemon_tracker: Arc::new(Tracker::default()),
@@ -128,7 +134,6 @@ impl Supervised {
             caches: Some(kactor_reactor::cache::Caches::default()),
             indexes: None,
         };
-        let actors = ActorSystem::start(Default::default()).unwrap();
         let supervisor = actors
             .start_actor(move || ResourceSupervisor::new(config))
             .await
@@ -209,6 +214,70 @@ async fn idle_workers_stop_but_every_objects_record_stays() {
     assert_eq!(busy.objects, 5);
     until_no_workers(&supervised.supervisor, 5, "workers idle out").await;
     supervised.stop().await;
+}
+
+/// Each object's worker runs on one object thread, its handlers too, every cycle on the same one;
+/// the objects are spread over the threads in turn. With no object threads, the handlers run on
+/// the operator's runtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_objects_cycles_run_on_its_own_object_thread() {
+    type Seen = Arc<Mutex<Vec<(String, std::thread::ThreadId, Option<String>)>>>;
+    let names = ["w0", "w1", "w2", "w3"];
+    for object_threads in [2, 0] {
+        let seen: Seen = Arc::default();
+        let record = seen.clone();
+        let func = handler_fn(move |ctx: Ctx| {
+            let thread = std::thread::current();
+            let name = ctx.name().to_string();
+            record
+                .lock()
+                .unwrap()
+                .push((name, thread.id(), thread.name().map(str::to_string)));
+            async { Ok(()) }
+        });
+        let supervised = Supervised::start_with(&names, func, |settings| {
+            settings.execution.object_threads = object_threads;
+            settings.queueing.idle_timeout = Duration::from_secs(600);
+        })
+        .await;
+        until("four listed objects handled", || {
+            seen.lock().unwrap().len() >= 4
+        })
+        .await;
+        for name in names {
+            let patch = json!({"spec": {"size": 3}});
+            supervised
+                .widgets
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+        }
+        until("four changes handled", || seen.lock().unwrap().len() >= 8).await;
+        let seen = seen.lock().unwrap().clone();
+        // actix names its arbiters' threads `actix-rt|system:N|arbiter:M`.
+        let on_object_threads = seen
+            .iter()
+            .filter(|(_, _, name)| name.as_deref().is_some_and(|n| n.contains("arbiter")))
+            .count();
+        let mut threads = std::collections::BTreeMap::new();
+        for (name, thread, _) in &seen {
+            threads
+                .entry(name.clone())
+                .or_insert_with(std::collections::HashSet::new)
+                .insert(*thread);
+        }
+        supervised.stop().await;
+        if object_threads == 0 {
+            assert_eq!(on_object_threads, 0, "{seen:?}");
+            continue;
+        }
+        assert_eq!(on_object_threads, seen.len(), "{seen:?}");
+        for (name, on) in &threads {
+            assert_eq!(on.len(), 1, "{name}'s cycles ran on one thread: {seen:?}");
+        }
+        let used: std::collections::HashSet<_> = threads.values().flatten().collect();
+        assert_eq!(used.len(), 2, "two objects on each thread: {seen:?}");
+    }
 }
 
 /// A worker waiting to idle out holds no body when nothing can read it any more (no daemons,

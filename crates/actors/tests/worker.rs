@@ -114,7 +114,7 @@ impl Harness {
             EventPoster::disabled(),
             Arc::new(Semaphore::new(8)),
         );
-        let actors = ActorSystem::start(Default::default()).unwrap();
+        let actors = ActorSystem::start(Default::default(), 1).unwrap();
         let told: Arc<Mutex<Told>> = Arc::default();
         let record = told.clone();
         let supervisor = actors
@@ -124,6 +124,7 @@ impl Harness {
         let shared = Arc::new(WorkerShared {
             processor: Arc::new(processor),
             runtime: tokio::runtime::Handle::current(),
+            in_place: true,
             tracker: Arc::new(Tracker::default()),
             idle_timeout: settings.queueing.idle_timeout,
             consistency_timeout: settings.persistence.consistency_timeout,
@@ -139,10 +140,11 @@ impl Harness {
             ..ObjectMemory::default()
         };
         let key: Arc<str> = Arc::from(superseded.metadata.uid.as_deref().unwrap());
-        let worker = actors
-            .start_actor(move || ObjectWorker::new(key, 1, Memo::default(), memory, shared))
-            .await
-            .unwrap();
+        // On an object thread, as the supervisor starts it: its cycles run there.
+        let threads = actors.object_threads();
+        let worker = ObjectWorker::start_in_arbiter(&threads.get(0).unwrap().arbiter, move |_| {
+            ObjectWorker::new(key, 1, Memo::default(), memory, shared)
+        });
         Harness {
             _cluster: cluster,
             actors,

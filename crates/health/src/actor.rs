@@ -1,9 +1,10 @@
-//! The HealthActor: the actors' thread's heartbeat.
+//! The HealthActor: the heartbeat of the actors' thread, and of each object thread.
 //!
-//! **Expected flow**: the operator starts it on its actors' thread (where its other actors run);
-//! it beats at once and then every `health.heartbeat_interval`. While an actor or user code blocks
-//! that thread, the beats stop, and once `health.heartbeat_timeout` has passed, the `actors`
-//! liveness check fails.
+//! **Expected flow**: the operator starts one on its actors' thread (where its supervisors run)
+//! and one on each object thread (where the objects' workers and handlers run); each beats at once
+//! and then every `health.heartbeat_interval`. While an actor or user code blocks its thread, its
+//! beats stop, and once `health.heartbeat_timeout` has passed, the `actors` liveness check fails,
+//! naming the thread.
 //!
 //! **Caveats**: the actor proves that the thread's event loop runs, not that every actor's mailbox
 //! is drained; a stopped actor system (at shutdown) stops the beats too.
@@ -18,7 +19,7 @@ use crate::checks::HealthState;
 /// The shortest beat interval: a zero setting would make the actor spin.
 const MIN_INTERVAL: Duration = Duration::from_millis(10);
 
-/// Beats for the actors' thread (see the [module docs](self)).
+/// Beats for the thread it runs on (see the [module docs](self)).
 ///
 /// ```no_run
 /// # use actix::Actor;
@@ -30,12 +31,33 @@ const MIN_INTERVAL: Duration = Duration::from_millis(10);
 #[derive(Debug)]
 pub struct HealthActor {
     state: Arc<HealthState>,
+    /// None: the actors' thread; else the object thread's number.
+    object_thread: Option<usize>,
 }
 
 impl HealthActor {
-    /// An actor beating for `state`.
+    /// An actor beating for the actors' thread.
     pub fn new(state: Arc<HealthState>) -> Self {
-        HealthActor { state }
+        HealthActor {
+            state,
+            object_thread: None,
+        }
+    }
+
+    /// An actor beating for object thread `number` (see
+    /// [`HealthState::expect_object_threads`]), to be started on that thread.
+    pub fn for_object_thread(state: Arc<HealthState>, number: usize) -> Self {
+        HealthActor {
+            state,
+            object_thread: Some(number),
+        }
+    }
+
+    fn beat(&self) {
+        match self.object_thread {
+            None => self.state.beat_actors(),
+            Some(number) => self.state.beat_object_thread(number),
+        }
     }
 }
 
@@ -43,9 +65,9 @@ impl Actor for HealthActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        self.state.beat_actors();
+        self.beat();
         let interval = self.state.settings().heartbeat_interval.max(MIN_INTERVAL);
-        ctx.run_interval(interval, |actor, _| actor.state.beat_actors());
+        ctx.run_interval(interval, |actor, _| actor.beat());
     }
 }
 
@@ -58,7 +80,7 @@ impl Handler<Ping> for HealthActor {
     type Result = ();
 
     fn handle(&mut self, _: Ping, _: &mut Context<Self>) {
-        self.state.beat_actors();
+        self.beat();
     }
 }
 
@@ -123,6 +145,30 @@ mod tests {
             Outcome::Failed(message) => assert!(message.contains("stuck"), "{message}"),
             other => panic!("the beats stopped, yet {other:?}"),
         }
+    }
+
+    #[tokio::test]
+    async fn an_object_threads_silence_fails_the_check_and_names_the_thread() {
+        let state = state(Duration::from_millis(50));
+        state.expect_object_threads(2);
+        let (_addr, system, thread) = actors_thread(state.clone());
+        // Object thread 0 beats once and then stops; 1 never beats (not started yet).
+        let beat = HealthActor::for_object_thread(state.clone(), 0);
+        beat.beat();
+        assert_eq!(actors(&state).await, Outcome::Ok);
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        match actors(&state).await {
+            Outcome::Failed(message) => {
+                assert!(message.contains("object thread 0 is stuck"), "{message}");
+                assert!(!message.contains("object thread 1"), "{message}");
+                assert!(!message.contains("actors' thread"), "{message}");
+            }
+            other => panic!("object thread 0 stopped beating, yet {other:?}"),
+        }
+        beat.beat();
+        assert_eq!(actors(&state).await, Outcome::Ok);
+        system.stop();
+        thread.join().unwrap();
     }
 
     #[tokio::test]

@@ -91,6 +91,8 @@ pub struct HealthState {
     clock: Clock,
     /// When the actors' thread last beat (the clock's milliseconds; 0: never).
     actors_beat: AtomicU64,
+    /// When each object thread last beat, by its number (0: never); set once they start.
+    object_beats: std::sync::OnceLock<Box<[AtomicU64]>>,
     started: AtomicBool,
     executor: Executor,
     probes: Probes,
@@ -113,6 +115,7 @@ impl HealthState {
             runtime,
             clock,
             actors_beat: AtomicU64::new(0),
+            object_beats: std::sync::OnceLock::new(),
             started: AtomicBool::new(false),
             executor: Executor::new(clock),
             probes: Probes::default(),
@@ -153,6 +156,22 @@ impl HealthState {
     /// `heartbeat_interval`).
     pub fn beat_actors(&self) {
         self.actors_beat.store(self.clock.now(), Ordering::Relaxed);
+    }
+
+    /// There are `count` object threads (where the objects' workers and handlers run), each
+    /// with a [`HealthActor`](crate::HealthActor) beating for it; the `actors` check covers them
+    /// from their first beat. Set once: a second call changes nothing.
+    pub fn expect_object_threads(&self, count: usize) {
+        let _ = self
+            .object_beats
+            .set((0..count).map(|_| AtomicU64::new(0)).collect());
+    }
+
+    /// Object thread `number` is alive.
+    pub fn beat_object_thread(&self, number: usize) {
+        if let Some(beat) = self.object_beats.get().and_then(|beats| beats.get(number)) {
+            beat.store(self.clock.now(), Ordering::Relaxed);
+        }
     }
 
     /// Sends the operator's runtime a heartbeat task and samples its worker threads. The health
@@ -239,15 +258,36 @@ impl HealthState {
 
     fn actors_check(&self) -> Result<(), String> {
         let limit = self.health.heartbeat_timeout;
-        match self.clock.since(self.actors_beat.load(Ordering::Relaxed)) {
-            Some(silence) if silence > limit => Err(format!(
+        // Never beaten: the thread has not started yet.
+        let silent = |beat: &AtomicU64| {
+            self.clock
+                .since(beat.load(Ordering::Relaxed))
+                .filter(|silence| *silence > limit)
+        };
+        let mut failures = Vec::new();
+        if let Some(silence) = silent(&self.actors_beat) {
+            failures.push(format!(
                 "the actors' thread is stuck: no heartbeat for {} s (limit {} s); an actor or \
                  user code blocks the actors' thread",
                 seconds(silence),
                 seconds(limit)
-            )),
-            // Never beaten: the actors have not started yet.
-            _ => Ok(()),
+            ));
+        }
+        let beats = self.object_beats.get().map_or(&[][..], |beats| &beats[..]);
+        for (number, beat) in beats.iter().enumerate() {
+            if let Some(silence) = silent(beat) {
+                failures.push(format!(
+                    "object thread {number} is stuck: no heartbeat for {} s (limit {} s); a \
+                     handler blocks it (handlers must not block: run blocking work with \
+                     tokio::task::spawn_blocking)",
+                    seconds(silence),
+                    seconds(limit)
+                ));
+            }
+        }
+        match failures.is_empty() {
+            true => Ok(()),
+            false => Err(failures.join("; ")),
         }
     }
 

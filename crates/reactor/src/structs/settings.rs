@@ -205,6 +205,30 @@ pub struct Execution {
     /// How the OS schedules the actors' thread (kactor). Default
     /// [`ActorsScheduling::Batch`].
     pub actors_scheduling: ActorsScheduling,
+    /// How many object threads run the objects' workers and their handlers (kactor). Default: the
+    /// CPUs the process may use (`std::thread::available_parallelism`, which reads the cgroup's
+    /// CPU quota).
+    ///
+    /// Each object's worker is placed on one of them when it starts (in turn), and every
+    /// processing cycle of that object, its handlers included, runs on that thread, in its
+    /// single-threaded runtime, beside the worker: an object's event, its cycle and the cycle's
+    /// end never cross threads. The watch streams, daemons, timers, the users' object actors and
+    /// kube's connections stay on the operator's runtime.
+    ///
+    /// Handlers are async code and must not block: a handler that blocks its thread holds up the
+    /// other objects of that thread (and fails `/healthz` once `health.heartbeat_timeout`
+    /// passes). Run blocking work with `tokio::task::spawn_blocking`;
+    /// `tokio::task::block_in_place` needs a multi-threaded runtime and fails in a handler here.
+    ///
+    /// `0`: no object threads. The workers run on the actors' thread and every cycle is a task on
+    /// the operator's runtime (multi-threaded, where `block_in_place` works), at the cost of two
+    /// crossings between threads per cycle.
+    pub object_threads: usize,
+}
+
+/// The default number of object threads: the CPUs the process may use.
+pub fn available_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
 }
 
 impl Default for Execution {
@@ -214,6 +238,7 @@ impl Default for Execution {
             default_backoff: Duration::from_secs(60),
             lifecycle: crate::structs::lifecycles::Lifecycle::default(),
             actors_scheduling: ActorsScheduling::default(),
+            object_threads: available_cpus(),
         }
     }
 }
