@@ -14,8 +14,10 @@
 //! * a `kube::runtime::Controller` whose reconcile makes whichever of the two patches the object still
 //!   misses, at kube's default concurrency (unbounded) and again at 256 (kactor's handler limit);
 //! * kactor with `on_create` (standalone, default settings: no Event per outcome, as in Kopf 1.44),
-//!   and again with `posting.loggers` on, posting an Event per outcome (a third request per object,
-//!   which the floors do not make).
+//!   again with `posting.loggers` on, posting an Event per outcome (a third request per object,
+//!   which the floors do not make), and again with no object threads
+//!   (`execution.object_threads = 0`: the workers on the actors' thread, each cycle a task on the
+//!   runtime, as kactor ran before it had object threads).
 //!
 //! The clock runs from the contender's start until a separate `kube::runtime::watcher`, started and
 //! listed beforehand, has seen every object carry both its result and its diff-base. It prints the
@@ -113,6 +115,8 @@ enum Contender {
     Kactor {
         /// Whether the handlers' outcomes are posted as Events (`posting.loggers`; off by default).
         loggers: bool,
+        /// Whether the workers and their cycles run on object threads (the default).
+        object_threads: bool,
     },
 }
 
@@ -122,8 +126,21 @@ impl fmt::Display for Contender {
             Contender::Bare(concurrency) => write!(f, "bare loop, {concurrency} at once"),
             Contender::Controller(None) => write!(f, "kube Controller"),
             Contender::Controller(Some(limit)) => write!(f, "kube Controller, {limit} at once"),
-            Contender::Kactor { loggers: false } => write!(f, "kactor"),
-            Contender::Kactor { loggers: true } => write!(f, "kactor, outcome events on"),
+            Contender::Kactor {
+                loggers: false,
+                object_threads: true,
+            } => write!(f, "kactor"),
+            Contender::Kactor {
+                loggers: true,
+                object_threads: true,
+            } => write!(f, "kactor, outcome events on"),
+            Contender::Kactor {
+                loggers,
+                object_threads: false,
+            } => match loggers {
+                false => write!(f, "kactor, no object threads"),
+                true => write!(f, "kactor, outcome events on, no object threads"),
+            },
         }
     }
 }
@@ -174,11 +191,16 @@ fn controller(api: Api<DynamicObject>, concurrency: Option<u16>) -> Running {
     }))
 }
 
-fn kactor(emulator: &Emulator, loggers: bool) -> Running {
+fn kactor(emulator: &Emulator, loggers: bool, object_threads: bool) -> Running {
     let operator = Operator::new()
         .kube_config(emulator.config())
         .standalone()
-        .settings(|s| s.posting.loggers = loggers)
+        .settings(|s| {
+            s.posting.loggers = loggers;
+            if !object_threads {
+                s.execution.object_threads = 0;
+            }
+        })
         .on_create("widgets.example.com", HANDLER, |_ctx: Ctx| async move {
             Ok::<_, HandlerError>(json!({"message": "hello"}))
         });
@@ -225,7 +247,10 @@ async fn measure(contender: Contender, objects: usize) -> Figures {
     let running = match contender {
         Contender::Bare(concurrency) => bare_loop(widgets.clone(), concurrency),
         Contender::Controller(concurrency) => controller(widgets.clone(), concurrency),
-        Contender::Kactor { loggers } => kactor(&emulator, loggers),
+        Contender::Kactor {
+            loggers,
+            object_threads,
+        } => kactor(&emulator, loggers, object_threads),
     };
     let done = match tokio::time::timeout(DEADLINE, detector.done).await {
         Ok(done) => done.expect("the completion watcher"),
@@ -364,8 +389,18 @@ async fn run_all(objects: usize) -> Vec<Vec<Figures>> {
     contenders.extend([
         Contender::Controller(None),
         Contender::Controller(Some(256)),
-        Contender::Kactor { loggers: false },
-        Contender::Kactor { loggers: true },
+        Contender::Kactor {
+            loggers: false,
+            object_threads: true,
+        },
+        Contender::Kactor {
+            loggers: true,
+            object_threads: true,
+        },
+        Contender::Kactor {
+            loggers: false,
+            object_threads: false,
+        },
     ]);
     contenders.retain(|contender| match (&only, contender) {
         (None, _) | (Some(_), Contender::Bare(256)) => true,
@@ -447,14 +482,42 @@ async fn main() {
             );
         }
     }
-    let kactor = all
-        .iter()
-        .find(|f| matches!(f.contender, Contender::Kactor { loggers: false }));
+    let kactor = all.iter().find(|f| {
+        matches!(
+            f.contender,
+            Contender::Kactor {
+                loggers: false,
+                object_threads: true
+            }
+        )
+    });
     if let Some(kactor) = kactor {
+        let met = |yes: bool| if yes { "met" } else { "NOT met" };
         let ratio = kactor.elapsed.as_secs_f64() / floor.as_secs_f64();
         println!(
             "aim: within 1.3x of the bare loop: {} ({ratio:.2}x)",
-            if ratio <= 1.3 { "met" } else { "NOT met" }
+            met(ratio <= 1.3)
         );
+        let floor_cpu = all[floor_index].cpu;
+        let cpu_ratio = kactor.cpu / floor_cpu;
+        println!(
+            "aim: CPU within 1.5x of the floor's: {} ({:.2} s against {floor_cpu:.2} s, {cpu_ratio:.2}x)",
+            met(cpu_ratio <= 1.5),
+            kactor.cpu
+        );
+        let controllers: Vec<&&Figures> = all
+            .iter()
+            .filter(|f| matches!(f.contender, Contender::Controller(_)))
+            .collect();
+        if let Some(fastest) = controllers.iter().min_by_key(|f| f.elapsed) {
+            println!(
+                "aim: faster than kube's Controller at every concurrency run here: {} ({:.3} s against {}'s {:.3} s, {:.2}x)",
+                met(kactor.elapsed < fastest.elapsed),
+                kactor.elapsed.as_secs_f64(),
+                fastest.contender,
+                fastest.elapsed.as_secs_f64(),
+                kactor.elapsed.as_secs_f64() / fastest.elapsed.as_secs_f64()
+            );
+        }
     }
 }
