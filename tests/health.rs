@@ -334,7 +334,8 @@ async fn an_operator_connected_by_configuration_counts_every_request() {
     let (cluster, widgets) = cluster_with_widgets().await;
     let port = free_port();
     // Built from the configuration (as `--emulator` builds it), not handed a client: the metering
-    // sits inside the client kactor builds.
+    // sits inside the clients kactor builds, the operator's and each object thread's (which make
+    // the handlers' patches).
     let running = spawn(served_with_a_create_handler(
         Operator::new().kube_config(cluster.config()).standalone(),
         port,
