@@ -147,6 +147,17 @@ impl Supervised {
         }
     }
 
+    /// Changes each of these widgets (its size to 3): an event each, while watched.
+    async fn resize(&self, names: &[&str]) {
+        let patch = json!({"spec": {"size": 3}});
+        for name in names {
+            self.widgets
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+        }
+    }
+
     async fn stop(self) {
         self.supervisor.send(Shutdown).await.unwrap();
         self.actors.stop();
@@ -198,14 +209,7 @@ async fn idle_workers_stop_but_every_objects_record_stays() {
     .await;
     // Changed while watched: these workers wait out the idle timeout (listed objects that need
     // nothing do not wait at all).
-    for name in names {
-        let patch = json!({"spec": {"size": 3}});
-        supervised
-            .widgets
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .unwrap();
-    }
+    supervised.resize(&names).await;
     until("five changes handled", || {
         handled.load(Ordering::Relaxed) >= 10
     })
@@ -244,14 +248,7 @@ async fn each_objects_cycles_run_on_its_own_object_thread() {
             seen.lock().unwrap().len() >= 4
         })
         .await;
-        for name in names {
-            let patch = json!({"spec": {"size": 3}});
-            supervised
-                .widgets
-                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .unwrap();
-        }
+        supervised.resize(&names).await;
         until("four changes handled", || seen.lock().unwrap().len() >= 8).await;
         let seen = seen.lock().unwrap().clone();
         // actix names its arbiters' threads `actix-rt|system:N|arbiter:M`.
