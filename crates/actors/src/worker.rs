@@ -1,8 +1,9 @@
 //! The ObjectWorker: one actor per object, the only place where that object is handled.
 //!
 //! **Expected flow**: the supervisor sends each of the object's events as [`Deliver`]. An idle worker
-//! starts a processing cycle at once ([`Processor::process`], run as a task on the operator's runtime,
-//! never on the actor's thread); a busy one keeps only the newest event (coalescing), so the next cycle
+//! starts a processing cycle at once ([`Processor::process`], a task: on the worker's own object thread,
+//! beside it, or on the operator's runtime when there are no object threads, never on the actors'
+//! thread); a busy one keeps only the newest event (coalescing), so the next cycle
 //! sees the newest body, never a backlog of stale states. What the worker does is one [`Phase`]
 //! at a time, and every transition is the pure [`phase::step`] (tested by tables there); this
 //! actor keeps the data and carries out the effects. When a cycle ends, the worker:
