@@ -212,8 +212,10 @@ pub struct Execution {
     /// Each object's worker is placed on one of them when it starts (in turn), and every
     /// processing cycle of that object, its handlers included, runs on that thread, in its
     /// single-threaded runtime, beside the worker: an object's event, its cycle and the cycle's
-    /// end never cross threads. The watch streams, daemons, timers, the users' object actors and
-    /// kube's connections stay on the operator's runtime.
+    /// end never cross threads. An operator that connects by configuration (not handed a ready
+    /// `kube::Client`) makes a client on each object thread too, so that the handlers' requests
+    /// and their connections stay there. The watch streams, daemons, timers, the users' object
+    /// actors and the operator's own client stay on the operator's runtime.
     ///
     /// Handlers are async code and must not block: a handler that blocks its thread holds up the
     /// other objects of that thread (and fails `/healthz` once `health.heartbeat_timeout`
