@@ -316,9 +316,9 @@ pub struct ResourceSupervisor {
     /// Counts the streams started: what an earlier (aborted) stream still had in flight is dropped.
     generation: u64,
     shared: Option<Arc<WorkerShared>>,
-    /// What the workers on each object thread share: as `shared`, with the processor that uses
-    /// that thread's own client (when it has one).
-    thread_shared: Vec<Arc<WorkerShared>>,
+    /// Each object thread, with what its workers share: as `shared`, with the processor that
+    /// uses that thread's own client (when it has one). Empty: the workers start here.
+    threads: Vec<(actix::ArbiterHandle, Arc<WorkerShared>)>,
     /// The stream's health, across the streams of pauses and resumes.
     status: Arc<WatchStatus>,
     /// The stream's place on the board, while the supervisor runs.
@@ -382,7 +382,7 @@ impl ResourceSupervisor {
             watch: None,
             generation: 0,
             shared: None,
-            thread_shared: Vec::new(),
+            threads: Vec::new(),
             status,
             entry,
             workers_started: 0,
@@ -529,17 +529,15 @@ impl ResourceSupervisor {
                 return;
             };
             let memo = record.memo.get_or_insert_with(Memo::default).clone();
-            let placed = self.config.object_threads.place(number).and_then(|index| {
-                let thread = self.config.object_threads.get(index)?;
-                Some((
-                    thread.arbiter.clone(),
-                    self.thread_shared.get(index)?.clone(),
-                ))
-            });
+            // In turn, so that each object thread gets as many workers.
+            let placed = match self.threads.len() {
+                0 => None,
+                len => self.threads.get((number % len as u64) as usize),
+            };
             let worker = match placed {
                 Some((thread, shared)) => {
-                    let made = ObjectWorker::new(key.clone(), number, memo, memory, shared);
-                    ObjectWorker::start_in_arbiter(&thread, move |_| made)
+                    let made = ObjectWorker::new(key.clone(), number, memo, memory, shared.clone());
+                    ObjectWorker::start_in_arbiter(thread, move |_| made)
                 }
                 None => ObjectWorker::new(key.clone(), number, memo, memory, shared).start(),
             };
@@ -863,15 +861,18 @@ impl Actor for ResourceSupervisor {
             interruptions: ctx.address().recipient(),
             daemons,
         });
-        self.thread_shared = config
+        self.threads = config
             .object_threads
             .iter()
-            .map(|thread| match &thread.client {
-                Some(client) => Arc::new(WorkerShared {
-                    processor: processor(Arc::new(client.clone())),
-                    ..(*shared).clone()
-                }),
-                None => shared.clone(),
+            .map(|thread| {
+                let shared = match &thread.client {
+                    Some(client) => Arc::new(WorkerShared {
+                        processor: processor(Arc::new(client.clone())),
+                        ..(*shared).clone()
+                    }),
+                    None => shared.clone(),
+                };
+                (thread.arbiter.clone(), shared)
             })
             .collect();
         self.shared = Some(shared);

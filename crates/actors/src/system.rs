@@ -53,20 +53,6 @@ impl ObjectThreads {
     pub fn iter(&self) -> impl Iterator<Item = &ObjectThread> {
         self.0.iter()
     }
-
-    /// The number of the thread of the `number`th worker (in turn, so that each thread gets as
-    /// many); none when there are no object threads.
-    pub fn place(&self, number: u64) -> Option<usize> {
-        match self.0.len() {
-            0 => None,
-            len => Some((number % len as u64) as usize),
-        }
-    }
-
-    /// Object thread `index`.
-    pub fn get(&self, index: usize) -> Option<&ObjectThread> {
-        self.0.get(index)
-    }
 }
 
 impl std::fmt::Debug for ObjectThreads {

@@ -142,9 +142,10 @@ impl Harness {
         let key: Arc<str> = Arc::from(superseded.metadata.uid.as_deref().unwrap());
         // On an object thread, as the supervisor starts it: its cycles run there.
         let threads = actors.object_threads();
-        let worker = ObjectWorker::start_in_arbiter(&threads.get(0).unwrap().arbiter, move |_| {
-            ObjectWorker::new(key, 1, Memo::default(), memory, shared)
-        });
+        let worker =
+            ObjectWorker::start_in_arbiter(&threads.iter().next().unwrap().arbiter, move |_| {
+                ObjectWorker::new(key, 1, Memo::default(), memory, shared)
+            });
         Harness {
             _cluster: cluster,
             actors,
