@@ -39,7 +39,12 @@ impl Coordination {
         if let Some(ring) = &operator.sharding {
             ring.validate()?;
             // The member pauses the operator as it is made, until it has joined the ring.
-            let member = Member::new(client.clone(), ring.clone(), operator.switch.clone());
+            let mut member = Member::new(client.clone(), ring.clone(), operator.switch.clone());
+            // The shard (placed in the ring before this) reads its tenure before each cycle and
+            // handler: bounded by this membership.
+            if let Some(shard) = &operator.settings.shard {
+                member = member.with_tenure(shard.tenure().clone());
+            }
             // kactor_shard_member{ring}: 0 from the start, then every change.
             let (told, name) = (observer.clone(), ring.ring.clone());
             tasks.push(follow(member.joined(), move |joined| {

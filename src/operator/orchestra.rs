@@ -11,6 +11,7 @@ use kactor_actors::related::{Directory, RelatedConfig, RelatedWatch, Route, Rout
 use kactor_actors::supervisor::label_of;
 use kactor_reactor::cache::Caches;
 use kactor_reactor::indexes::Indexes;
+use kactor_reactor::sharding::Tenure;
 
 use super::run::run_activity;
 use super::*;
@@ -216,6 +217,10 @@ impl Orchestra {
         if self.paused {
             tracing::info!(reasons = ?self.switch.reasons(), "Starting paused.");
         }
+        if let Some(tenure) = self.tenure() {
+            // Nothing is held from before: a start counts as a pause since every end so far.
+            tenure.quiesced(tenure.ended());
+        }
         self.reconcile().await?;
         let mut namespaces = match self.served {
             Served::Patterns { .. } => self.watcher_for("", "namespaces", "namespaces"),
@@ -249,10 +254,7 @@ impl Orchestra {
                         continue;
                     }
                     let reasons = pauses.borrow_and_update().clone();
-                    if reasons.is_empty() == self.paused {
-                        self.paused = !reasons.is_empty();
-                        self.pause_all(self.paused, &reasons);
-                    }
+                    self.follow_switch(&reasons).await;
                 }
                 batch = namespace_batch => match batch {
                     Ok(items) => {
@@ -281,15 +283,50 @@ impl Orchestra {
         }
     }
 
-    /// Pauses every supervisor (streams stop, memories stay) or resumes them (they list again).
-    fn pause_all(&self, paused: bool, reasons: &std::collections::BTreeMap<String, String>) {
+    /// Sharded: this replica's tenure in its ring.
+    fn tenure(&self) -> Option<Tenure> {
+        self.settings
+            .shard
+            .as_ref()
+            .map(|shard| shard.tenure().clone())
+    }
+
+    /// Pauses or resumes the supervisors as the switch now says. Sharded, a membership of the ring
+    /// that ended since the last pause makes a pause first, even when the switch says resume already
+    /// (the member left and joined again before this loop looked): what the workers hold is from
+    /// before it, and the tenure holds again only once every worker has taken that pause.
+    async fn follow_switch(&mut self, reasons: &std::collections::BTreeMap<String, String>) {
+        if let Some(tenure) = self.tenure().filter(Tenure::needs_pause) {
+            let ended = tenure.ended();
+            if !self.paused {
+                let why = std::collections::BTreeMap::from([(
+                    String::new(),
+                    "the ring membership ended since the last pause".to_string(),
+                )]);
+                self.paused = true;
+                self.pause_all(true, &why).await;
+            }
+            // Paused (now, or since before the end: nothing resumed since).
+            tenure.quiesced(ended);
+        }
+        if reasons.is_empty() == self.paused {
+            self.paused = !reasons.is_empty();
+            self.pause_all(self.paused, reasons).await;
+        }
+    }
+
+    /// Pauses every supervisor (streams stop, memories stay), until each has paused all its workers;
+    /// or resumes them (they list again).
+    async fn pause_all(&self, paused: bool, reasons: &std::collections::BTreeMap<String, String>) {
         self.observer.paused(paused);
         if paused {
             let why: Vec<&str> = reasons.values().map(String::as_str).collect();
             tracing::info!("Pausing operations: {}.", why.join("; "));
-            for supervisor in self.running.values() {
-                supervisor.do_send(Pause);
-            }
+            let pausing = self
+                .running
+                .values()
+                .map(|supervisor| supervisor.send(Pause));
+            futures::future::join_all(pausing).await;
         } else {
             tracing::info!("Resuming operations.");
             for supervisor in self.running.values() {

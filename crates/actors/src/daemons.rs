@@ -49,10 +49,10 @@ use kactor_reactor::indexes::Indexes;
 use kactor_reactor::observe::Observer;
 use kactor_reactor::patches::{self, Applied, ApplyError, Changes, Fence, Patch};
 use kactor_reactor::posting::EventPoster;
-use kactor_reactor::processing::{deliver_result, SpawnDecision};
+use kactor_reactor::processing::{deliver_result, SpawnDecision, LAPSED_RECHECK};
 use kactor_reactor::progression::Outcome;
 use kactor_reactor::resources::Resource;
-use kactor_reactor::sharding::Shard;
+use kactor_reactor::sharding::{Shard, Tenure};
 use kactor_reactor::watching::EventType;
 use kube::api::DynamicObject;
 use serde_json::Value;
@@ -138,6 +138,17 @@ pub struct DaemonEnv {
     pub caches: Option<Caches>,
     /// The indexes handlers read (`ctx.index`).
     pub indexes: Option<Indexes>,
+    /// Sharded: this replica's tenure in its ring. While it has lapsed (a process frozen past its
+    /// renew deadline, before the pause stops them), timers skip their calls and daemons do not
+    /// restart.
+    pub tenure: Option<Tenure>,
+}
+
+impl DaemonEnv {
+    /// Whether this replica's ring membership has lapsed (sharded only).
+    fn lapsed(&self) -> bool {
+        self.tenure.as_ref().is_some_and(|tenure| !tenure.holds())
+    }
 }
 
 /// What a daemon's or timer's task tells its owner.
@@ -556,6 +567,14 @@ impl Job {
         let patch = Patch::new();
         let mut streak = Streak::default();
         while !self.stopped.is_stopped() {
+            if self.env.lapsed() {
+                // Sharding: not (re)started while the membership has lapsed; the pause that
+                // follows stops it, or the renewal lets it go on.
+                if self.stopped.wait_timeout(LAPSED_RECHECK).await {
+                    break;
+                }
+                continue;
+            }
             let outcome = self.attempt(&patch, &mut streak).await;
             self.flush(&patch).await;
             if outcome.final_ {
@@ -595,6 +614,16 @@ impl Job {
             let Ok(permit) = permit else {
                 return;
             };
+            if self.env.lapsed() {
+                // Sharding: no call while the membership has lapsed (its object may have moved);
+                // the pause that follows stops the timer, or the renewal lets it go on.
+                drop(permit);
+                due = Instant::now() + LAPSED_RECHECK;
+                if self.stopped.wait_until(due).await {
+                    return;
+                }
+                continue;
+            }
             let started = Instant::now();
             let lateness = started.saturating_duration_since(due);
             self.env

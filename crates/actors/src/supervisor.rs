@@ -208,7 +208,9 @@ pub struct Shutdown;
 
 /// Stop the watch stream and keep every object's record: the operator is paused (peering, leader
 /// election). Handlers already running finish; daemons and timers stop (`OPERATOR_PAUSING`);
-/// scheduled retries are dropped and done again after the resume.
+/// scheduled retries are dropped and done again after the resume. The answer comes once every
+/// worker has taken the pause: from then on, none starts a cycle until the first event after the
+/// resume.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Pause;
@@ -818,6 +820,11 @@ impl Actor for ResourceSupervisor {
                 tracker: config.daemon_tracker.clone(),
                 caches: config.caches.clone(),
                 indexes: config.indexes.clone(),
+                tenure: config
+                    .settings
+                    .shard
+                    .as_ref()
+                    .map(|shard| shard.tenure().clone()),
             })
         });
         let processor = |client: Arc<kube::Client>| {
@@ -1069,9 +1076,9 @@ impl Handler<Shutdown> for ResourceSupervisor {
 }
 
 impl Handler<Pause> for ResourceSupervisor {
-    type Result = ();
+    type Result = ResponseFuture<()>;
 
-    fn handle(&mut self, _: Pause, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: Pause, ctx: &mut Context<Self>) -> ResponseFuture<()> {
         if let Some(watch) = self.watch.take() {
             watch.abort();
             tracing::debug!(supervisor = %self.label, "paused");
@@ -1087,7 +1094,10 @@ impl Handler<Pause> for ResourceSupervisor {
             }
             self.actors_gone(key, record, StopReason::OperatorPausing);
         }
-        if !paused.is_empty() {
+        let (taken, all_taken) = tokio::sync::oneshot::channel::<()>();
+        if paused.is_empty() {
+            let _ = taken.send(());
+        } else {
             // Nothing else is handled until every worker has taken the pause: what a worker drops
             // it tells (`Interrupted`) before it answers, so that the listing after a resume, whose
             // pages come after it, dispatches the object again. Without the wait, a resume's
@@ -1097,9 +1107,14 @@ impl Handler<Pause> for ResourceSupervisor {
             ctx.wait(
                 futures::future::join_all(paused)
                     .into_actor(self)
-                    .map(|_, _, _| ()),
+                    .map(move |_, _, _| {
+                        let _ = taken.send(());
+                    }),
             );
         }
+        Box::pin(async move {
+            let _ = all_taken.await;
+        })
     }
 }
 

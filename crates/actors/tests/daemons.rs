@@ -18,6 +18,7 @@ use kactor_reactor::patches::{Applied, ApplyError, Changes};
 use kactor_reactor::posting::EventPoster;
 use kactor_reactor::processing::SpawnDecision;
 use kactor_reactor::resources::{Resource, Selector};
+use kactor_reactor::sharding::Tenure;
 use kactor_reactor::watching::EventType;
 use kube::api::DynamicObject;
 use serde_json::{json, Value};
@@ -164,6 +165,8 @@ struct Harness {
     observed: Arc<Observed>,
     tracker: Arc<Tracker>,
     may_start: bool,
+    /// The replica's tenure in its ring (unbounded unless a test bounds it).
+    tenure: Tenure,
 }
 
 impl Harness {
@@ -171,6 +174,7 @@ impl Harness {
         let sink = Arc::new(Sink::default());
         let observed = Arc::new(Observed::default());
         let tracker = Arc::new(Tracker::default());
+        let tenure = Tenure::default();
         let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
         let client = kube::Client::try_from(config).unwrap();
         let env = Arc::new(DaemonEnv {
@@ -190,6 +194,7 @@ impl Harness {
             tracker: tracker.clone(),
             caches: None,
             indexes: None,
+            tenure: Some(tenure.clone()),
         });
         let (sender, reports) = mpsc::unbounded_channel();
         let daemons = ObjectDaemons::new(
@@ -210,6 +215,7 @@ impl Harness {
             observed,
             tracker,
             may_start: true,
+            tenure,
         }
     }
 
@@ -477,6 +483,56 @@ async fn a_timer_sleeps_its_interval_between_the_end_of_a_call_and_the_next() {
     h.decide(&[0]);
     h.run_for(ms(4000)).await;
     assert_eq!(log.times("call"), vec![0, 1300, 2600, 3900]);
+}
+
+/// Sharding: while the replica's membership has lapsed (frozen past its renew deadline, before
+/// the pause arrives), a timer makes no call and looks again after `LAPSED_RECHECK`; renewed, it
+/// goes on. A daemon that failed is not restarted meanwhile.
+#[tokio::test(start_paused = true)]
+async fn timers_and_daemon_restarts_wait_while_the_membership_has_lapsed() {
+    let log = Log::new();
+    let daemon_log = Log::new();
+    let failing = {
+        let log = daemon_log.clone();
+        move |_: Ctx| {
+            let log = log.clone();
+            async move {
+                log.add("daemon");
+                Err(HandlerError::temporary("again", secs(1)))
+            }
+            .boxed()
+        }
+    };
+    let mut h = Harness::new(vec![
+        spawning(
+            "t",
+            Spawning::Timer(Timer::every(secs(1))),
+            Options::default(),
+            slow(&log, ms(0)),
+        ),
+        spawning(
+            "d",
+            Spawning::Daemon(Daemon::new()),
+            Options::default(),
+            failing,
+        ),
+    ]);
+    let tenure = h.tenure.clone();
+    tenure.hold_until(Instant::now() + ms(2500));
+    h.decide(&[0, 1]);
+    h.run_for(ms(3500)).await;
+    tenure.hold_until(Instant::now() + secs(10));
+    h.run_for(ms(1000)).await;
+    assert_eq!(
+        log.times("call"),
+        vec![0, 1000, 2000, 4000],
+        "none at 3000 (lapsed); looked again 1 s later, renewed"
+    );
+    assert_eq!(
+        daemon_log.times("daemon"),
+        vec![0, 1000, 2000, 4000],
+        "its retry at 3000 waited for the renewal"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -5,7 +5,8 @@
 //! * Every replica runs a [`Member`]: its own `coordination.k8s.io/v1` Lease `<ring>-<member>`
 //!   (labels `kactor.dev/ring=<ring>`, `kactor.dev/member=<member>`), renewed every `retry_period`.
 //!   While it is not renewed in time (or was taken over), the reactor's [`PauseSwitch`] toggle
-//!   [`MEMBER_TOGGLE`] is on.
+//!   [`MEMBER_TOGGLE`] is on, and the shard's [`Tenure`] has lapsed (read by every cycle and
+//!   handler before it starts, so that it holds even when the pause comes late).
 //! * Every replica runs an [`Assigner`] too, which acts only while the replica leads (leader
 //!   election's `is_leader`): it reads the members' Leases, labels each object for its owner
 //!   (`shard.kactor.dev/<ring>=<member>`, by rendezvous hashing: [`owner`]), asks owners to hand
@@ -27,7 +28,9 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kactor_reactor::pausing::PauseSwitch;
 use kactor_reactor::settings::{Networking, Watching};
-use kactor_reactor::sharding::{drain_label, is_label_name, shard_label, DRAINING, RING_LABEL};
+use kactor_reactor::sharding::{
+    drain_label, is_label_name, shard_label, Tenure, DRAINING, RING_LABEL,
+};
 use kactor_reactor::slim;
 use kactor_reactor::watching::{EventType, WatchItem, Watcher};
 use kube::api::{
@@ -441,6 +444,10 @@ fn mix(mut z: u64) -> u64 {
 /// * The toggle is off only while the last successful write of its Lease was sent less than
 ///   `renew_deadline` ago; the assigner takes a Lease over only `lease_duration` after it last saw it
 ///   change. So a member pauses `lease_duration - renew_deadline` before its objects may move.
+/// * The tenure ([`Member::with_tenure`]) holds only while that write was sent less than
+///   `renew_deadline` ago, by the clock at the moment it is read: it needs no timer to run, so it
+///   holds true even for a process that was frozen. After the membership ended, it holds again
+///   only once the operator has paused its workers since ([`Tenure::quiesced`]).
 /// * A Lease taken over is never written by the member again: it joins again only under a fresh
 ///   Lease, created after the assigner deleted the old one.
 /// * [`Member::joined`] turns true before the toggle goes off and false after it goes on.
@@ -453,14 +460,16 @@ fn mix(mut z: u64) -> u64 {
 /// **Caveats**
 /// * A member whose Lease was taken over stays paused until the assigner has moved all its objects,
 ///   which needs a live member and a resync (at once after the takeover).
-/// * A process frozen past its renew deadline pauses only when it runs again; work it had in flight
-///   may finish after its objects moved (the reactor's write fence stops its writes to them).
+/// * A process frozen past its renew deadline pauses only when it runs again. Its tenure has
+///   lapsed by then, so no cycle or handler starts; but the handlers it had under way when it froze
+///   finish after its objects moved (the reactor's write fence stops their writes to them).
 /// * API errors are logged and retried every `retry_period`, never returned.
 pub struct Member {
     client: kube::Client,
     settings: RingSettings,
     switch: PauseSwitch,
     joined: watch::Sender<bool>,
+    tenure: Tenure,
 }
 
 impl std::fmt::Debug for Member {
@@ -482,7 +491,19 @@ impl Member {
             settings,
             switch,
             joined: watch::channel(false).0,
+            tenure: Tenure::default(),
         }
+    }
+
+    /// Bounds `tenure` (the reactor's [`Shard::tenure`](kactor_reactor::sharding::Shard::tenure))
+    /// by this membership: ended at once, then held until `renew_deadline` after each successful
+    /// write of the Lease was sent, and ended whenever the member leaves. Cycles and handlers read
+    /// it before they start, so a process frozen past its deadline starts nothing when it thaws,
+    /// before the pause reaches its workers.
+    pub fn with_tenure(mut self, tenure: Tenure) -> Self {
+        tenure.end();
+        self.tenure = tenure;
+        self
     }
 
     /// Whether this replica is a member now (its Lease held and renewed in time), and every change
@@ -502,6 +523,7 @@ impl Member {
             settings,
             switch,
             joined,
+            tenure,
         } = self;
         let membership = Membership {
             api: Api::namespaced(client, &settings.namespace),
@@ -509,6 +531,7 @@ impl Member {
             settings,
             switch,
             joined,
+            tenure,
         };
         membership.run(stop).await;
         Ok(())
@@ -554,6 +577,7 @@ struct Membership {
     switch: PauseSwitch,
     joined: watch::Sender<bool>,
     label: String,
+    tenure: Tenure,
 }
 
 impl Drop for Membership {
@@ -666,6 +690,8 @@ impl Membership {
         let error = match tokio::time::timeout_at(until, self.renew(&lease)).await {
             Ok(Renewal::Renewed(lease, renewed_at)) => {
                 tracing::trace!(lease = %self.label, "renewed the member lease");
+                self.tenure
+                    .hold_until(renewed_at + self.settings.renew_deadline);
                 return Phase::Joined { lease, renewed_at };
             }
             Ok(Renewal::Taken(holder)) => {
@@ -743,6 +769,8 @@ impl Membership {
         }
         self.joined
             .send_if_modified(|joined| !std::mem::replace(joined, true));
+        self.tenure
+            .hold_until(renewed_at + self.settings.renew_deadline);
         self.switch.set(MEMBER_TOGGLE, None);
         Phase::Joined {
             lease: Box::new(lease),
@@ -752,6 +780,7 @@ impl Membership {
 
     /// Not a member: the operator pauses first, then `joined` turns false.
     fn leave(&self, reason: String) {
+        self.tenure.end();
         self.switch.set(MEMBER_TOGGLE, Some(reason));
         self.joined
             .send_if_modified(|joined| std::mem::replace(joined, false));

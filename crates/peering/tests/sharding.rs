@@ -22,7 +22,7 @@ use kactor_peering::sharding::{
     ASSIGNER_PREFIX, MEMBER_LABEL, MEMBER_TOGGLE,
 };
 use kactor_reactor::pausing::PauseSwitch;
-use kactor_reactor::sharding::{drain_label, shard_label, DRAINING, RING_LABEL};
+use kactor_reactor::sharding::{drain_label, shard_label, Tenure, DRAINING, RING_LABEL};
 use kactor_testenv::TestCluster;
 use kube::api::{
     Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams, WatchEvent,
@@ -108,6 +108,7 @@ where
 struct Running {
     identity: String,
     switch: PauseSwitch,
+    tenure: Tenure,
     joined: watch::Receiver<bool>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), RingError>>,
@@ -116,11 +117,16 @@ struct Running {
 impl Running {
     fn start(cluster: &TestCluster, identity: &str) -> Running {
         let switch = PauseSwitch::new();
-        let member = Member::new(client(cluster), quick(identity), switch.clone());
+        let tenure = Tenure::default();
+        let member = Member::new(client(cluster), quick(identity), switch.clone())
+            .with_tenure(tenure.clone());
         assert!(
             switch.reasons().contains_key(MEMBER_TOGGLE),
             "paused before it joins"
         );
+        assert!(!tenure.holds(), "no tenure before it joins");
+        // As the operator does when it starts: nothing is held from before.
+        tenure.quiesced(tenure.ended());
         let joined = member.joined();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(member.run(async move {
@@ -129,6 +135,7 @@ impl Running {
         Running {
             identity: identity.to_string(),
             switch,
+            tenure,
             joined,
             stop: Some(stop),
             task,
@@ -138,6 +145,11 @@ impl Running {
     /// Joined, and its operator works.
     fn works(&self) -> bool {
         *self.joined.borrow() && !self.switch.is_paused()
+    }
+
+    /// What the operator does once every worker has taken a pause: the tenure may hold again.
+    fn quiesce(&self) {
+        self.tenure.quiesced(self.tenure.ended());
     }
 
     fn reason(&self) -> String {
@@ -510,8 +522,9 @@ async fn a_member_holds_its_labelled_lease_while_it_works_and_releases_it_when_s
 
     let switch = a.switch.clone();
     let joined = a.joined.clone();
+    let tenure = a.tenure.clone();
     a.stop().await;
-    assert!(switch.is_paused() && !*joined.borrow());
+    assert!(switch.is_paused() && !*joined.borrow() && !tenure.holds());
     assert!(
         switch.reasons()[MEMBER_TOGGLE].contains("stopped"),
         "{:?}",
@@ -932,6 +945,45 @@ async fn the_assigner_acts_only_while_it_leads() {
     b.stop().await;
 }
 
+/// A process frozen past its renew deadline (here: its thread blocked, so that no timer and no task
+/// of it runs) finds its tenure lapsed the moment it runs again, before the member has paused the
+/// operator: the cycles that run first, on overdue timers and queued events, start nothing. The
+/// member then pauses and joins again, but the tenure holds again only once the operator has
+/// paused its workers since; a crash ends it at once.
+#[tokio::test(flavor = "current_thread")]
+async fn a_frozen_members_tenure_has_lapsed_when_it_thaws_before_its_pause_comes() {
+    let cluster = TestCluster::start().await.unwrap();
+    let a = Running::start(&cluster, "a");
+    a.wait_joined().await;
+    assert!(a.tenure.holds());
+
+    // Frozen for longer than the renew deadline (1.2 s): nothing of this runtime runs meanwhile.
+    std::thread::sleep(ms(1500));
+    assert!(!a.tenure.holds(), "lapsed by the clock alone, on thawing");
+    assert!(
+        !a.switch.is_paused(),
+        "the pause has not come yet: it needs the member's task to run"
+    );
+
+    // The member runs again: it pauses (its renew deadline passed), then joins again.
+    let mut reasons = a.switch.subscribe();
+    tokio::time::timeout(WAIT, reasons.wait_for(|r| r.contains_key(MEMBER_TOGGLE)))
+        .await
+        .expect("the member pauses once it runs")
+        .unwrap();
+    a.wait_joined().await;
+    assert!(
+        !a.tenure.holds() && a.tenure.needs_pause(),
+        "joined again, but the workers still hold what came before"
+    );
+    a.quiesce();
+    assert!(a.tenure.holds(), "held again once the operator has paused");
+
+    let tenure = a.tenure.clone();
+    a.crash().await;
+    assert!(!tenure.holds(), "a crashed membership ends its tenure");
+}
+
 /// Tests that inject faults, which only the emulator can: the apiserver pass skips them
 /// (`--skip emulator_only`).
 mod emulator_only {
@@ -957,6 +1009,7 @@ mod emulator_only {
             .unwrap();
         let paused_at = jiff::Timestamp::now();
         assert!(!*a.joined.borrow());
+        assert!(!a.tenure.holds(), "the tenure ended with the membership");
         assert!(a.reason().contains("lost lease"), "{}", a.reason());
 
         let lease = leases(&cluster).get(&lease_name("a")).await.unwrap();

@@ -1009,6 +1009,117 @@ mod emulator_only {
         );
     }
 
+    /// Sharding, a replica's tenure (its membership's renew deadline): the settings of the
+    /// replica "me", its tenure held for 10 s from now, and the widget labelled for it.
+    async fn sharded_for_ten_seconds(
+        changing: Vec<ChangingHandler>,
+    ) -> (Handling, kactor_reactor::sharding::Tenure) {
+        let shard = Shard::new("ring", "me").unwrap();
+        let tenure = shard.tenure().clone();
+        tenure.hold_until(Instant::now() + Duration::from_secs(10));
+        let settings = Settings {
+            shard: Some(shard),
+            ..Settings::default()
+        };
+        let handling = Handling::with_settings(changing, settings).await;
+        let mut body = serde_json::from_value::<DynamicObject>(samples::widget("w1", 1)).unwrap();
+        body.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("shard.kactor.dev/ring".into(), "me".into());
+        handling
+            .widgets
+            .create(&PostParams::default(), &body)
+            .await
+            .unwrap();
+        (handling, tenure)
+    }
+
+    /// Sharding: a replica frozen past its renew deadline runs its queued events when it thaws,
+    /// before the member's pause reaches its workers; its objects may have moved meanwhile. Its
+    /// tenure has lapsed by the clock, so the cycle starts nothing and writes nothing, and asks to
+    /// look again later (the pause, when it comes, cancels that). Renewed, the same event runs.
+    #[tokio::test(start_paused = true)]
+    async fn a_replica_whose_membership_lapsed_starts_no_cycle_until_it_is_renewed() {
+        let seen = Seen::default();
+        let (mut handling, tenure) = sharded_for_ten_seconds(vec![create(&seen)]).await;
+        let created = handling.get().await.unwrap();
+
+        tokio::time::sleep(Duration::from_secs(10)).await; // frozen, then thawed
+        let cycle = handling.cycle(EventType::Added).await;
+        assert_eq!(
+            cycle,
+            Cycle {
+                wake: Some(kactor_reactor::processing::LAPSED_RECHECK),
+                ..Cycle::default()
+            }
+        );
+        assert!(seen.take().is_empty(), "no handler started");
+        assert_eq!(
+            handling.get().await.unwrap().metadata.resource_version,
+            created.metadata.resource_version,
+            "nothing written, not even the finalizer"
+        );
+
+        tenure.hold_until(Instant::now() + Duration::from_secs(10));
+        handling.cycle(EventType::Added).await;
+        handling.settle().await;
+        assert_eq!(seen.take().len(), 1, "renewed: the handler runs");
+        let object = handling.get().await.unwrap();
+        assert_eq!(object.data["status"]["create_fn"], json!({"size": 1}));
+    }
+
+    /// Sharding: a cycle that waited for a handler slot past its replica's renew deadline (frozen
+    /// meanwhile, or starved) starts no handler once it gets one. The handler stays due: the
+    /// cycle writes its progress (behind the fence) and nothing else, and once the Lease is
+    /// renewed the next cycle runs it (or, had the object moved, the next owner would).
+    #[tokio::test(start_paused = true)]
+    async fn a_cycle_whose_membership_lapses_while_it_waits_for_a_slot_starts_no_handler() {
+        let seen = Seen::default();
+        let (mut handling, tenure) = sharded_for_ten_seconds(vec![create(&seen)]).await;
+        let slots = handling
+            .processor
+            .limiter
+            .clone()
+            .acquire_many_owned(4)
+            .await
+            .unwrap();
+        let body = handling.get().await.unwrap();
+        let (cycle, ()) = tokio::join!(
+            handling.cycle_on(EventType::Added, body, true, None),
+            async {
+                tokio::time::sleep(Duration::from_secs(11)).await;
+                drop(slots);
+            }
+        );
+        assert!(
+            seen.take().is_empty(),
+            "no handler started after the deadline"
+        );
+        let object = handling.get().await.unwrap();
+        assert!(
+            object.data["status"].get("create_fn").is_none(),
+            "{object:?}"
+        );
+        // The handler's progress (started, not done) is what the cycle wrote: that version's
+        // event starts the next cycle, which runs the handler.
+        assert_eq!(cycle.written, version(&object));
+        assert_eq!(cycle.next, Next::Idle);
+        let record: Value =
+            serde_json::from_str(annotation(&object, "kopf.zalando.org/create_fn").unwrap())
+                .unwrap();
+        assert_eq!(
+            (&record["success"], &record["retries"]),
+            (&json!(false), &json!(0)),
+            "{record}"
+        );
+
+        tenure.hold_until(Instant::now() + Duration::from_secs(10));
+        handling.cycle(EventType::Modified).await;
+        handling.settle().await;
+        assert_eq!(seen.take().len(), 1, "renewed: the handler runs");
+    }
+
     /// An API failure that outlives the retries fails the cycle after exactly the backoffs
     /// (`networking.error_backoffs`); the worker throttles the object then. Nothing is lost: the
     /// next cycle runs the handler again and its result lands.

@@ -487,6 +487,45 @@ pub enum Next {
     AwaitDaemons,
 }
 
+/// What a sharded replica does with an object's event, before anything else.
+enum Gate {
+    /// Its handlers run: the object is this replica's.
+    Handle,
+    /// Nothing runs; the cycle comes to this.
+    Skip(Cycle),
+    /// The assigner asks for it back: the handover.
+    HandOver,
+}
+
+/// Where a sharded replica stands with `body`. Its ring membership is read first (see
+/// [`Tenure`](crate::structs::sharding::Tenure)): frozen past the renew deadline, this replica's
+/// objects may have moved, so it starts nothing until its Lease is renewed. The pause that follows
+/// keeps the event for the listing after the resume; the wake covers a renewal that lands just
+/// after the deadline, with no pause at all.
+fn gate(shard: &Shard, body: &DynamicObject) -> Gate {
+    if !shard.tenure().holds() {
+        tracing::info!("This replica's ring membership has lapsed (its Lease was not renewed by the renew deadline): nothing starts until it is renewed.");
+        return Gate::Skip(Cycle {
+            wake: Some(LAPSED_RECHECK),
+            ..Cycle::default()
+        });
+    }
+    match shard.standing(body) {
+        Standing::Mine => Gate::Handle,
+        Standing::NotMine => {
+            // A late event, or a trigger on a body that has moved on: its departure follows in
+            // the stream.
+            tracing::debug!("The object is not this replica's (its shard label names another): nothing is done.");
+            Gate::Skip(Cycle::default())
+        }
+        Standing::Draining => Gate::HandOver,
+    }
+}
+
+/// How soon a cycle that found this replica's ring membership lapsed looks again, if no pause
+/// comes first (a renewal that landed just after the deadline pauses nothing).
+pub const LAPSED_RECHECK: Duration = Duration::from_secs(1);
+
 /// Why a cycle failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ProcessingError {
@@ -574,22 +613,14 @@ impl Processor {
         if event.event_type == EventType::Listed {
             memory.noticed_by_listing = true;
         }
-        if let Some(shard) = &self.settings.shard {
-            if event.event_type != EventType::Deleted {
-                match shard.standing(&event.body) {
-                    Standing::Mine => {}
-                    Standing::NotMine => {
-                        // A late event, or a trigger on a body that has moved on: its departure
-                        // follows in the stream.
-                        tracing::debug!("The object is not this replica's (its shard label names another): nothing is done.");
-                        return Ok(Cycle::default());
-                    }
-                    // Boxed: a handover is rare, and its requests' futures would otherwise be
-                    // part of every cycle's (a task's size is allocated and copied per cycle).
-                    Standing::Draining => {
-                        return Box::pin(self.drain(shard, &mut event, memory)).await
-                    }
-                }
+        let sharded = self.settings.shard.as_ref();
+        if let Some(shard) = sharded.filter(|_| event.event_type != EventType::Deleted) {
+            match gate(shard, &event.body) {
+                Gate::Handle => {}
+                Gate::Skip(cycle) => return Ok(cycle),
+                // Boxed: a handover is rare, and its requests' futures would otherwise be part of
+                // every cycle's (a task's size is allocated and copied per cycle).
+                Gate::HandOver => return Box::pin(self.drain(shard, &mut event, memory)).await,
             }
         }
         let patch = Patch::new();
@@ -1610,6 +1641,18 @@ impl Steps {
                 // Sharding: checked again before each handler, after the wait for a slot. The
                 // handlers not started are the next owner's.
                 tracing::debug!(handler = %handler.id, "The object is leaving this replica: the handler is not started here.");
+                break;
+            }
+            if self
+                .settings
+                .shard
+                .as_ref()
+                .is_some_and(|shard| !shard.tenure().holds())
+            {
+                // Sharding: the membership lapsed while the cycle ran or waited for a slot (a
+                // frozen process thawing). The handlers not started stay due: the next cycle, on
+                // this replica once its Lease is renewed or on the next owner, runs them.
+                tracing::info!(handler = %handler.id, "This replica's ring membership has lapsed: the handler is not started.");
                 break;
             }
             let own = Subrefs::default();

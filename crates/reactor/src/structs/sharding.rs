@@ -18,6 +18,8 @@
 //! patch and the object as last seen ([`merge_to_ops`]): a key added where its parent is missing is
 //! guarded by a `test` of that parent's absence, so a concurrent writer's map is never replaced.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation, RemoveOperation, ReplaceOperation, TestOperation};
 use kube::api::DynamicObject;
@@ -125,6 +127,122 @@ impl Leaving {
     }
 }
 
+/// Whether this replica may start work on its objects now (sharding): its membership of the ring,
+/// as cycles, handlers, timers and daemons read it right before they start.
+///
+/// Two things must both be true:
+/// * **The deadline**: less than the renew deadline has passed since the last successful write of
+///   the member Lease was sent. The member sets it at each join and renewal ([`Tenure::hold_until`]).
+///   It is read from the clock, not from a timer: a process frozen past its deadline (SIGSTOP, a
+///   stalled virtual machine, a starved node) runs its overdue timers and queued events all at once
+///   when it thaws, before the member's pause can reach its workers, and its objects may have moved
+///   meanwhile. Those find the tenure lapsed and start nothing.
+/// * **The operator has paused since the membership last ended** ([`Tenure::end`],
+///   [`Tenure::quiesced`]). Events, retries and bodies from before a lost membership are stale: the
+///   objects may have moved and come back. A replica back in the ring could otherwise rejoin within
+///   milliseconds of thawing, before the pause reached its workers, and run them. So the tenure
+///   holds again only once the operator has paused every worker (they then wait for the listing
+///   after the resume).
+///
+/// A tenure made with [`Tenure::default`] holds for ever: a replica whose membership nobody bounds
+/// (the tests of one processor) works as before.
+///
+/// ```
+/// use kactor_reactor::sharding::Tenure;
+/// use std::time::Duration;
+/// let tenure = Tenure::default();
+/// assert!(tenure.holds(), "unbounded until a member bounds it");
+/// tenure.end();
+/// assert!(!tenure.holds());
+/// tenure.hold_until(tokio::time::Instant::now() + Duration::from_secs(10));
+/// assert!(!tenure.holds(), "rejoined, but the operator has not paused since it ended");
+/// tenure.quiesced(tenure.ended());
+/// assert!(tenure.holds());
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct Tenure(std::sync::Arc<TenureState>);
+
+#[derive(Debug)]
+struct TenureState {
+    /// The origin of `until`.
+    base: tokio::time::Instant,
+    /// The deadline as nanoseconds after `base`, plus one: 0 means ended, `u64::MAX` unbounded; so
+    /// that reading it is one atomic load.
+    until: AtomicU64,
+    /// How many times the membership ended.
+    ended: AtomicU64,
+    /// Up to which of those ends the operator has paused since.
+    quiesced: AtomicU64,
+}
+
+impl Default for TenureState {
+    fn default() -> Self {
+        TenureState {
+            base: tokio::time::Instant::now(),
+            until: AtomicU64::new(u64::MAX),
+            ended: AtomicU64::new(0),
+            quiesced: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Tenure {
+    /// Joined or renewed: work may start until `deadline` (on `tokio::time`'s clock, which tests
+    /// can pause), once the operator has paused since the last end.
+    pub fn hold_until(&self, deadline: tokio::time::Instant) {
+        let nanos = deadline
+            .checked_duration_since(self.0.base)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX - 1));
+        self.0
+            .until
+            .store(nanos.saturating_add(1).min(u64::MAX - 1), Ordering::Release);
+    }
+
+    /// The membership ended: no work may start until it holds again, and the operator has paused.
+    /// Ending a tenure that does not hold any more counts once.
+    pub fn end(&self) {
+        if self.0.until.swap(0, Ordering::AcqRel) != 0 {
+            self.0.ended.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// How many times the membership has ended. The operator reads it before it pauses, and
+    /// gives it to [`Tenure::quiesced`] once every worker has taken the pause.
+    pub fn ended(&self) -> u64 {
+        self.0.ended.load(Ordering::Acquire)
+    }
+
+    /// Whether the membership ended since the operator last paused: the operator must pause (even
+    /// if it is told to resume at once) before the tenure can hold again.
+    pub fn needs_pause(&self) -> bool {
+        self.0.quiesced.load(Ordering::Acquire) < self.ended()
+    }
+
+    /// The operator has paused every worker since the membership's `ended`-th end (or has just
+    /// started, with nothing from before): nothing stale from before it can start any more.
+    pub fn quiesced(&self, ended: u64) {
+        self.0.quiesced.fetch_max(ended, Ordering::AcqRel);
+    }
+
+    /// Whether work may start now.
+    pub fn holds(&self) -> bool {
+        let within = match self.0.until.load(Ordering::Acquire) {
+            0 => false,
+            u64::MAX => true,
+            until => {
+                let now = tokio::time::Instant::now().saturating_duration_since(self.0.base);
+                u64::try_from(now.as_nanos()).unwrap_or(u64::MAX) < until - 1
+            }
+        };
+        within && !self.needs_pause()
+    }
+
+    /// Whether `other` is this tenure (a clone of it), not only one with the same deadline.
+    pub fn same(&self, other: &Tenure) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
 /// Where an object stands for this replica, by its labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Standing {
@@ -148,13 +266,23 @@ pub enum Standing {
 /// assert_eq!(shard.standing(&object), Standing::Mine);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Shard {
     ring: String,
     member: String,
     shard_label: String,
     drain_label: String,
+    tenure: Tenure,
 }
+
+/// Two shards are equal when they place the same member in the same ring and share one tenure.
+impl PartialEq for Shard {
+    fn eq(&self, other: &Self) -> bool {
+        self.ring == other.ring && self.member == other.member && self.tenure.same(&other.tenure)
+    }
+}
+
+impl Eq for Shard {}
 
 impl Shard {
     /// The member `member` of the ring `ring`; both must be label names.
@@ -171,7 +299,14 @@ impl Shard {
             drain_label: drain_label(&ring),
             ring,
             member,
+            tenure: Tenure::default(),
         })
+    }
+
+    /// How long this replica may still start work on its objects: unbounded until the ring's
+    /// member bounds it (see [`Tenure`]).
+    pub fn tenure(&self) -> &Tenure {
+        &self.tenure
     }
 
     /// The ring's name.
@@ -351,6 +486,61 @@ mod tests {
             .collect();
         json_patch::patch(&mut result, &ops).unwrap();
         result
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tenure_lapses_by_the_clock_alone_and_is_shared_by_its_clones() {
+        use std::time::Duration;
+        use tokio::time::Instant;
+        let tenure = Tenure::default();
+        let shard = Shard::new("op", "a").unwrap();
+        assert!(
+            tenure.holds() && shard.tenure().holds(),
+            "unbounded at first"
+        );
+        let read = tenure.clone();
+        tenure.hold_until(Instant::now() + Duration::from_secs(10));
+        tokio::time::advance(Duration::from_millis(9_999)).await;
+        assert!(read.holds());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(
+            !read.holds(),
+            "not at the deadline itself: no timer needed to run"
+        );
+        tenure.hold_until(Instant::now() + Duration::from_secs(1));
+        assert!(read.holds(), "renewed: nothing ended meanwhile");
+        tenure.end();
+        assert!(!read.holds(), "ended");
+        assert!(read.needs_pause());
+        let ended = read.ended();
+        tenure.hold_until(Instant::now() + Duration::from_secs(1));
+        assert!(
+            !read.holds(),
+            "joined again, but the operator has not paused since"
+        );
+        tenure.quiesced(ended);
+        assert!(read.holds() && !read.needs_pause(), "paused since");
+        tenure.end();
+        tenure.end();
+        assert_eq!(
+            read.ended(),
+            ended + 1,
+            "ended once, however often it is said"
+        );
+        tenure.quiesced(ended);
+        tenure.hold_until(Instant::now() + Duration::from_secs(1));
+        assert!(
+            !read.holds(),
+            "a pause before the latest end does not count"
+        );
+        tenure.quiesced(read.ended());
+        tenure.hold_until(Instant::now() - Duration::from_secs(1));
+        assert!(!read.holds(), "a deadline already past holds nothing");
+        assert!(read.same(&tenure) && !read.same(&Tenure::default()));
+        let mut other = shard.clone();
+        assert_eq!(other, shard, "a clone shares the tenure");
+        other.tenure = Tenure::default();
+        assert_ne!(other, shard, "another tenure is another shard");
     }
 
     #[tokio::test(start_paused = true)]
