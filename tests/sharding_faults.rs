@@ -204,6 +204,7 @@ fn sharding_operator_process() {
 type Call = support::Call<u64>;
 
 /// When a replica was frozen (SIGSTOP to SIGCONT).
+#[derive(Debug)]
 struct Frozen {
     replica: String,
     from: u64,
@@ -316,11 +317,17 @@ impl Ring {
         assert!(status.success(), "{replica} exits well: {status}");
     }
 
-    /// SIGSTOP for `how_long`, then SIGCONT.
-    async fn freeze(&mut self, replica: &str, how_long: Duration) {
+    /// SIGSTOP for `how_long`, then `before_thaw` (awaited), then SIGCONT.
+    async fn freeze(
+        &mut self,
+        replica: &str,
+        how_long: Duration,
+        before_thaw: impl std::future::Future<Output = ()>,
+    ) {
         let from = monotonic();
         self.signal(replica, libc::SIGSTOP);
         tokio::time::sleep(how_long).await;
+        before_thaw.await;
         self.signal(replica, libc::SIGCONT);
         self.frozen.push(Frozen {
             replica: replica.to_string(),
@@ -704,6 +711,8 @@ async fn joining_runs_no_update_handler(ring: &mut Ring, new: &str, live: &[&str
 }
 
 fn fail_with_logs(ring: &Ring, message: String) -> ! {
+    // First, so that a shortened report of the run still shows why.
+    eprintln!("FAILED: {message}");
     for entry in std::fs::read_dir(&ring.dir).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "log") {
@@ -724,9 +733,10 @@ fn check_no_overlaps(ring: &Ring) {
         fail_with_logs(
             ring,
             format!(
-                "{} overlapping calls by two replicas, e.g. {:?}",
+                "{} overlapping calls by two replicas, e.g. {:?}; frozen: {:?}",
                 overlaps.len(),
-                &overlaps[..overlaps.len().min(3)]
+                &overlaps[..overlaps.len().min(3)],
+                ring.frozen
             ),
         );
     }
@@ -775,7 +785,10 @@ async fn a_killed_or_frozen_replicas_objects_move_and_no_object_is_handled_by_tw
     .await;
 
     // SIGSTOP past its lease, amid a burst of changes to its objects: its objects move; after
-    // SIGCONT, the writes of the calls it had under way meet the fence.
+    // SIGCONT, the writes of the calls it had under way meet the fence. Right before the SIGCONT,
+    // another burst keeps the new owners busy with those objects: a thawed replica that started
+    // a handler on its stale copy of one (a queued event, an overdue timer) before its pause came
+    // would overlap with them.
     let theirs: Vec<String> = ring
         .objects()
         .await
@@ -783,18 +796,26 @@ async fn a_killed_or_frozen_replicas_objects_move_and_no_object_is_handled_by_tw
         .filter(|o| owner(o) == Some("r3"))
         .filter_map(|o| o.metadata.name)
         .collect();
-    let burst = theirs.iter().map(|name| {
-        let patch = json!({"spec": {"size": 100}});
+    let burst = |size: u32| {
         let widgets = ring.widgets.clone();
+        let names = theirs.clone();
         async move {
-            let _ = widgets
-                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await;
+            let patch = json!({"spec": {"size": size}});
+            let writes = names.iter().map(|name| {
+                let (widgets, patch) = (&widgets, &patch);
+                async move {
+                    let _ = widgets
+                        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+                        .await;
+                }
+            });
+            futures::future::join_all(writes).await;
         }
-    });
-    futures::future::join_all(burst).await;
+    };
+    burst(100).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
-    ring.freeze("r3", LEASE + Duration::from_secs(4)).await;
+    ring.freeze("r3", LEASE + Duration::from_secs(4), burst(101))
+        .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     changing.stop().await;
     ring.until("every change handled", settled(&["r1", "r2", "r3"]))
