@@ -149,6 +149,16 @@ mod emulator_only {
             }
         }
 
+        /// Every handler slot of the processor (4), held until dropped.
+        async fn take_every_slot(&self) -> tokio::sync::OwnedSemaphorePermit {
+            self.processor
+                .limiter
+                .clone()
+                .acquire_many_owned(4)
+                .await
+                .unwrap()
+        }
+
         /// A processor of the same handlers with other settings (another replica, say).
         fn processor_for(&self, settings: Settings) -> Processor {
             processor_of(&self.parts, settings)
@@ -971,13 +981,7 @@ mod emulator_only {
         let seen = Seen::default();
         let mut handling = Handling::new(vec![create(&seen)]).await;
         let body = handling.create_widget(1).await;
-        let slots = handling
-            .processor
-            .limiter
-            .clone()
-            .acquire_many_owned(4)
-            .await
-            .unwrap();
+        let slots = handling.take_every_slot().await;
         let leaving = Arc::new(kactor_reactor::sharding::Leaving::default());
         let event = Event {
             event_type: EventType::Added,
@@ -1077,13 +1081,7 @@ mod emulator_only {
     async fn a_cycle_whose_membership_lapses_while_it_waits_for_a_slot_starts_no_handler() {
         let seen = Seen::default();
         let (mut handling, tenure) = sharded_for_ten_seconds(vec![create(&seen)]).await;
-        let slots = handling
-            .processor
-            .limiter
-            .clone()
-            .acquire_many_owned(4)
-            .await
-            .unwrap();
+        let slots = handling.take_every_slot().await;
         let body = handling.get().await.unwrap();
         let (cycle, ()) = tokio::join!(
             handling.cycle_on(EventType::Added, body, true, None),
