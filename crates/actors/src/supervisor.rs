@@ -298,6 +298,10 @@ struct Record {
     departed: bool,
     /// Its last event asked for it back (sharding): its DELETED is the end of the handover.
     draining: bool,
+    /// Paused since its last event, and not brought by the listing after the resume yet: what the
+    /// record and the worker hold may be from before the pause (its object may even have moved to
+    /// another replica meanwhile), so a trigger waits for the listing as it does while paused.
+    relisting: bool,
 }
 
 impl Record {
@@ -438,6 +442,9 @@ impl ResourceSupervisor {
             .as_deref()
             .unwrap_or_default();
         let record_key = RecordKey::of(&key);
+        if let Some(record) = self.records.get_mut(&record_key) {
+            record.relisting = false;
+        }
         if event_type == EventType::Listed {
             self.listing.insert(record_key.clone());
             let unchanged = self
@@ -477,6 +484,7 @@ impl ResourceSupervisor {
                 paused_triggers: None,
                 departed: false,
                 draining: false,
+                relisting: false,
             });
         record.departed = false;
         if record.rv != rv {
@@ -1047,9 +1055,10 @@ impl Handler<Interrupted> for ResourceSupervisor {
         let Some(dropped) = interrupted.dropped else {
             return;
         };
-        if self.watch.is_none() || dropped.seq != record.sent {
-            // Paused still: the listing after the resume dispatches it. Or a newer event was
-            // sent to the worker, which runs a cycle when it comes.
+        if self.watch.is_none() || record.relisting || dropped.seq != record.sent {
+            // Paused still, or the listing after the resume has not brought it yet: that listing
+            // dispatches it. Or a newer event was sent to the worker, which runs a cycle when it
+            // comes.
             return;
         }
         // Resumed already, and nothing newer sent: the listing may have passed the object (a
@@ -1087,6 +1096,9 @@ impl Handler<Pause> for ResourceSupervisor {
         // Nothing is touched while paused: workers drop their scheduled retries and touches, and
         // stop their daemons and timers; such objects are dispatched again by the listing after
         // the resume (see `route`), and idle workers stop as usual meanwhile.
+        for record in self.records.values_mut() {
+            record.relisting = true;
+        }
         let mut paused = Vec::new();
         for (key, record) in &self.records {
             if let Some(worker) = &record.worker {
@@ -1146,9 +1158,10 @@ impl Handler<Poke> for ResourceSupervisor {
             // Not seen yet: its first event runs its reconcile handlers anyway.
             return;
         };
-        if self.watch.is_none() {
-            // Paused: kept for the object's next event, which the listing after the resume brings
-            // (as an interrupted object, even if it did not change).
+        if self.watch.is_none() || record.relisting {
+            // Paused, or resumed with the listing still to bring it: kept for the object's next
+            // event, which that listing brings (as an interrupted object, even if it did not
+            // change), so that the trigger runs on the object as it is now.
             record
                 .paused_triggers
                 .get_or_insert_with(Default::default)

@@ -591,6 +591,72 @@ async fn a_childs_change_after_a_pause_and_a_resume_reconciles_its_owner() {
     supervised.stop().await;
 }
 
+/// Tests that inject faults, which only the emulator can.
+mod emulator_only {
+    use super::*;
+    use kactor_emulator::Failure;
+
+    /// A child's change routed after a resume but before the listing after it brought its owner
+    /// (here: the listing fails for a while) waits for that listing, as during the pause: the
+    /// reconcile handler runs on the owner as it is now, never on the body from before the pause
+    /// (which, for a sharded replica, may be an object that moved away meanwhile).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_trigger_after_a_resume_waits_for_the_listing_to_bring_its_object() {
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let seen = sizes.clone();
+        let func = reconcile_fn(move |ctx: Ctx| {
+            seen.lock().unwrap().push(ctx.spec()["size"].clone());
+            async { Ok(Action::await_change()) }
+        });
+        let owning_widgets = |widgets: &Selector| Reconcile::id("reconcile").owns(widgets.clone());
+        let supervised = Supervised::reconciling_with(&["w1"], owning_widgets, func).await;
+        until("the first run", || sizes.lock().unwrap().len() == 1).await;
+
+        supervised.supervisor.send(Pause).await.unwrap();
+        let patch = json!({"spec": {"size": 2}});
+        let owner = supervised
+            .widgets
+            .patch("w1", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        supervised._cluster.faults().fail(
+            Failure::new(500)
+                .verb("list")
+                .resource("widgets")
+                .times(u32::MAX),
+        );
+        supervised.supervisor.send(Resume).await.unwrap();
+        supervised.supervisor.do_send(Poke {
+            uid: owner.metadata.uid.clone(),
+            namespace: Some("default".into()),
+            name: "w1".into(),
+            related: Related {
+                resource: supervised.resource.clone(),
+                namespace: Some("default".into()),
+                name: "w1-child".into(),
+                event: kactor_reactor::names::EventType::Deleted,
+                owned: true,
+                version: None,
+            },
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            *sizes.lock().unwrap(),
+            [json!(1)],
+            "no run on the body from before the pause"
+        );
+
+        supervised._cluster.faults().reset();
+        until("the listing brings it, with the trigger", || {
+            sizes.lock().unwrap().len() >= 2
+        })
+        .await;
+        let sizes = sizes.lock().unwrap().clone();
+        assert!(sizes[1..].iter().all(|size| *size == json!(2)), "{sizes:?}");
+        supervised.stop().await;
+    }
+}
+
 /// Waits (up to 10 s) until the supervisor knows `objects` objects.
 async fn census_reaches(supervised: &Supervised, objects: usize) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
