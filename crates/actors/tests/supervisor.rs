@@ -86,6 +86,24 @@ impl Supervised {
         .await
     }
 
+    /// Tells the supervisor that a child of `owner` (the widget w1), a widget itself, was deleted:
+    /// what a related kind's stream routes to the owner's reconcile handlers.
+    fn child_of_w1_deleted(&self, owner: &DynamicObject) {
+        self.supervisor.do_send(Poke {
+            uid: owner.metadata.uid.clone(),
+            namespace: Some("default".into()),
+            name: "w1".into(),
+            related: Related {
+                resource: self.resource.clone(),
+                namespace: Some("default".into()),
+                name: "w1-child".into(),
+                event: kactor_reactor::names::EventType::Deleted,
+                owned: true,
+                version: None,
+            },
+        });
+    }
+
     /// The widgets, supervised with the handlers `handlers` makes for their selector.
     async fn start_handling(
         widgets: &[&str],
@@ -571,19 +589,7 @@ async fn a_childs_change_after_a_pause_and_a_resume_reconciles_its_owner() {
     assert_eq!(runs.load(Ordering::Relaxed), 1, "nothing changed");
 
     let owner = supervised.widgets.get("w1").await.unwrap();
-    supervised.supervisor.do_send(Poke {
-        uid: owner.metadata.uid.clone(),
-        namespace: Some("default".into()),
-        name: "w1".into(),
-        related: Related {
-            resource: supervised.resource.clone(),
-            namespace: Some("default".into()),
-            name: "w1-child".into(),
-            event: kactor_reactor::names::EventType::Deleted,
-            owned: true,
-            version: None,
-        },
-    });
+    supervised.child_of_w1_deleted(&owner);
     until("the child's change reconciles its owner", || {
         runs.load(Ordering::Relaxed) >= 2
     })
@@ -626,19 +632,7 @@ mod emulator_only {
                 .times(u32::MAX),
         );
         supervised.supervisor.send(Resume).await.unwrap();
-        supervised.supervisor.do_send(Poke {
-            uid: owner.metadata.uid.clone(),
-            namespace: Some("default".into()),
-            name: "w1".into(),
-            related: Related {
-                resource: supervised.resource.clone(),
-                namespace: Some("default".into()),
-                name: "w1-child".into(),
-                event: kactor_reactor::names::EventType::Deleted,
-                owned: true,
-                version: None,
-            },
-        });
+        supervised.child_of_w1_deleted(&owner);
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(
             *sizes.lock().unwrap(),
