@@ -1,8 +1,10 @@
 //! The ResourceSupervisor: one actor per served (resource, namespace). It owns the watch stream and the
 //! records of that stream's objects, and routes each event to the object's [`ObjectWorker`].
 //!
-//! **Expected flow**: on start it runs a [`Watcher`] as a task on the operator's runtime (JSON decoding
-//! happens there, not on the actors' thread); each batch comes back as a message, acknowledged only
+//! **Expected flow**: on start it runs a [`Watcher`] as a task on one of the object threads, with that
+//! thread's client (on the operator's runtime when there are none): JSON decoding happens there, not
+//! on the actors' thread, and the bodies are made on a thread that runs workers, not on a third
+//! one; each batch comes back as a message, acknowledged only
 //! once routed, so a slow supervisor slows the stream down instead of piling batches up. Events are
 //! routed by `metadata.uid` (or a key made of kind, apiVersion, name, namespace and creation time when
 //! there is no uid, as Kopf does); a worker is started on an object's first event.
@@ -80,11 +82,11 @@ pub struct SupervisorConfig {
     pub poster: EventPoster,
     /// The operator's settings.
     pub settings: Arc<Settings>,
-    /// The runtime that runs the watch stream, the daemons and timers (and the cycles, when there
-    /// are no object threads).
+    /// The runtime that runs the daemons and timers (and the watch stream and the cycles, when
+    /// there are no object threads).
     pub runtime: Handle,
-    /// Where the workers start and their cycles run; none: on the supervisor's thread, their
-    /// cycles on `runtime`.
+    /// Where the workers start and their cycles run, and the watch stream; none: the workers on
+    /// the supervisor's thread, their cycles and the stream on `runtime`.
     pub object_threads: ObjectThreads,
     /// The global limit of concurrently running handlers.
     pub limiter: Arc<Semaphore>,
@@ -669,11 +671,36 @@ impl ResourceSupervisor {
         }
     }
 
+    /// Where the watch stream runs, and its client: on one of the object threads (chosen by the
+    /// supervisor's label), with that thread's client, so that its socket, its decoding and the
+    /// bodies it makes stay on one thread, where the workers of some of its objects run too; with
+    /// no object threads, on the operator's runtime.
+    fn watch_thread(&self) -> (Handle, kube::Client) {
+        let threads = &self.config.object_threads;
+        if threads.is_empty() {
+            return (self.config.runtime.clone(), self.config.client.clone());
+        }
+        let hash = std::hash::BuildHasher::hash_one(
+            &foldhash::fast::FixedState::with_seed(0),
+            &self.label,
+        );
+        let thread = threads
+            .iter()
+            .nth((hash % threads.len() as u64) as usize)
+            .expect("an object thread");
+        let client = thread
+            .client
+            .clone()
+            .unwrap_or_else(|| self.config.client.clone());
+        (thread.runtime.clone(), client)
+    }
+
     /// Starts the watch stream: a fresh listing, then watching.
     fn start_watching(&mut self, ctx: &mut Context<Self>) {
         let config = &self.config;
+        let (runtime, client) = self.watch_thread();
         let api = kactor_reactor::slim::api(
-            config.client.clone(),
+            client,
             config
                 .namespace
                 .as_deref()
@@ -707,7 +734,7 @@ impl ResourceSupervisor {
             self.label.clone(),
         );
         tracing::debug!(supervisor = %self.label, "watching");
-        self.watch = Some(config.runtime.spawn(async move {
+        self.watch = Some(runtime.spawn(async move {
             // Up to IN_FLIGHT batches wait to be routed while the next page is fetched and decoded;
             // beyond that the stream waits for the supervisor (backpressure, not an unbounded
             // backlog). Each batch is queued at once and in order: `do_send` never parks a message,

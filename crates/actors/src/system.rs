@@ -32,6 +32,9 @@ pub struct ObjectThreads(Arc<[ObjectThread]>);
 pub struct ObjectThread {
     /// Where its actors start.
     pub arbiter: actix::ArbiterHandle,
+    /// Its runtime (single-threaded), for tasks that run on this thread and are aborted by a
+    /// handle: the watch streams of the supervisors placed here.
+    pub runtime: tokio::runtime::Handle,
     /// A client made on this thread (see [`ActorSystem::connect_object_threads`]): its request
     /// buffer and its connections run here, so that a handler's requests do not cross threads.
     /// None: the thread's cycles use the operator's client.
@@ -86,24 +89,34 @@ impl ActorSystem {
                     // Arbiters are started from within their system, which stops them with it.
                     let arbiters: Vec<actix::Arbiter> =
                         (0..object_threads).map(|_| actix::Arbiter::new()).collect();
+                    let mut threads = Vec::with_capacity(arbiters.len());
+                    for arbiter in &arbiters {
+                        let (tx, rx) = oneshot::channel();
+                        arbiter.spawn_fn(move || {
+                            let _ = tx.send(tokio::runtime::Handle::current());
+                        });
+                        if let Ok(runtime) = rx.await {
+                            threads.push(ObjectThread {
+                                arbiter: arbiter.handle(),
+                                runtime,
+                                client: None,
+                            });
+                        }
+                    }
                     let _ = ready.send((
                         actix::System::current(),
                         actix::Arbiter::current(),
                         arbiters,
+                        threads,
                     ));
                 });
                 let _ = runner.run();
             })?;
-        let (system, arbiter, arbiters) = handles.recv().map_err(|_| SystemError::Gone)?;
-        let objects = ObjectThreads(
-            arbiters
-                .iter()
-                .map(|arbiter| ObjectThread {
-                    arbiter: arbiter.handle(),
-                    client: None,
-                })
-                .collect(),
-        );
+        let (system, arbiter, arbiters, threads) = handles.recv().map_err(|_| SystemError::Gone)?;
+        if threads.len() != arbiters.len() {
+            return Err(SystemError::Gone);
+        }
+        let objects = ObjectThreads(threads.into());
         Ok(ActorSystem {
             system,
             arbiter,
@@ -145,6 +158,7 @@ impl ActorSystem {
             };
             threads.push(ObjectThread {
                 arbiter: thread.arbiter.clone(),
+                runtime: thread.runtime.clone(),
                 client,
             });
         }

@@ -31,6 +31,21 @@ struct Supervised {
     resource: Arc<Resource>,
     actors: ActorSystem,
     supervisor: Addr<ResourceSupervisor>,
+    /// The threads the watch stream ran on.
+    watched_on: Arc<WatchThreads>,
+}
+
+/// Names the threads a watch stream received its objects on (the observer's `events_received`
+/// is told from the stream's task).
+#[derive(Default)]
+struct WatchThreads(Mutex<std::collections::BTreeSet<String>>);
+
+impl kactor_reactor::observe::Observer for WatchThreads {
+    fn events_received(&self, _resource: &str, _count: usize) {
+        let thread = std::thread::current();
+        let name = thread.name().unwrap_or("unnamed").to_string();
+        self.0.lock().unwrap().insert(name);
+    }
 }
 
 impl Supervised {
@@ -132,6 +147,7 @@ impl Supervised {
             settings.execution.object_threads,
         )
         .unwrap();
+        let watched_on = Arc::new(WatchThreads::default());
         let config = SupervisorConfig {
             resource: resource.clone(),
             namespace: Some("default".into()),
@@ -144,7 +160,7 @@ impl Supervised {
             limiter: Arc::new(Semaphore::new(8)),
             tracker: Arc::new(Tracker::default()),
             daemon_tracker: Arc::new(Tracker::default()),
-            observer: Arc::new(kactor_reactor::observe::NoObserver),
+            observer: watched_on.clone(),
             watches: kactor_reactor::observe::WatchBoard::new(),
             start_paused: false,
             actors: Vec::new(),
@@ -162,6 +178,7 @@ impl Supervised {
             resource,
             actors,
             supervisor,
+            watched_on,
         }
     }
 
@@ -240,9 +257,10 @@ async fn idle_workers_stop_but_every_objects_record_stays() {
 
 /// Each object's worker runs on one object thread, its handlers too, every cycle on the same one;
 /// the objects are spread over the threads in turn. With no object threads, the handlers run on
-/// the operator's runtime.
+/// the operator's runtime. The watch stream (its reading and decoding) runs on one object thread,
+/// or on the operator's runtime when there are none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_objects_cycles_run_on_its_own_object_thread() {
+async fn each_objects_cycles_and_the_watch_stream_run_on_object_threads() {
     type Seen = Arc<Mutex<Vec<(String, std::thread::ThreadId, Option<String>)>>>;
     let names = ["w0", "w1", "w2", "w3"];
     for object_threads in [2, 0] {
@@ -281,9 +299,15 @@ async fn each_objects_cycles_run_on_its_own_object_thread() {
                 .or_insert_with(std::collections::HashSet::new)
                 .insert(*thread);
         }
+        let watched_on = supervised.watched_on.clone();
         supervised.stop().await;
         if object_threads == 0 {
             assert_eq!(on_object_threads, 0, "{seen:?}");
+            let watched_on = watched_on.0.lock().unwrap().clone();
+            assert!(
+                watched_on.iter().all(|name| !name.contains("arbiter")),
+                "on the operator's runtime: {watched_on:?}"
+            );
             continue;
         }
         assert_eq!(on_object_threads, seen.len(), "{seen:?}");
@@ -292,6 +316,12 @@ async fn each_objects_cycles_run_on_its_own_object_thread() {
         }
         let used: std::collections::HashSet<_> = threads.values().flatten().collect();
         assert_eq!(used.len(), 2, "two objects on each thread: {seen:?}");
+        let watched_on = watched_on.0.lock().unwrap().clone();
+        assert_eq!(watched_on.len(), 1, "one thread: {watched_on:?}");
+        assert!(
+            watched_on.iter().all(|name| name.contains("arbiter")),
+            "on an object thread: {watched_on:?}"
+        );
     }
 }
 
