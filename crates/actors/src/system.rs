@@ -140,7 +140,9 @@ impl ActorSystem {
         F: Fn() -> Result<kube::Client, kube::Error> + Send + Sync + 'static,
     {
         let make = Arc::new(make);
-        let mut threads = Vec::with_capacity(self.objects.len());
+        // Every thread makes its client at once (each loads its TLS settings, which takes a few
+        // milliseconds of the operator's start), then each is awaited in turn.
+        let mut made = Vec::with_capacity(self.objects.len());
         for thread in self.objects.iter() {
             let (tx, rx) = oneshot::channel();
             let make = make.clone();
@@ -149,6 +151,10 @@ impl ActorSystem {
             }) {
                 return Err(SystemError::Gone);
             }
+            made.push(rx);
+        }
+        let mut threads = Vec::with_capacity(self.objects.len());
+        for (thread, rx) in self.objects.iter().zip(made) {
             let client = match rx.await.map_err(|_| SystemError::Gone)? {
                 Ok(client) => Some(client),
                 Err(error) => {
