@@ -6,6 +6,22 @@ use super::*;
 use coordination::Coordination;
 use orchestra::Orchestra;
 
+/// A cluster reached over plain HTTP (the emulator, `kubectl proxy`) has no certificate to verify,
+/// yet without a CA of its own kube's client loads the system's whole trust store for every client
+/// made from the configuration: a few milliseconds of the operator's start each, once for the
+/// operator and once per object thread. An empty set of roots stands in for it there. A proxy
+/// reached over TLS still needs the trust store, and a CA given is kept.
+fn without_trust_store_over_plain_http(config: &mut kube::Config) {
+    let plain = config.cluster_url.scheme_str() == Some("http");
+    let tls_proxy = config
+        .proxy_url
+        .as_ref()
+        .is_some_and(|proxy| proxy.scheme_str() != Some("http"));
+    if plain && !tls_proxy && config.root_cert.is_none() {
+        config.root_cert = Some(Vec::new());
+    }
+}
+
 impl Operator {
     /// Runs until SIGINT or SIGTERM, then shuts down gracefully; a second signal returns at once.
     /// The signals are caught from the call on, before the operator has even connected.
@@ -64,7 +80,8 @@ impl Operator {
         let mut thread_client = None;
         let client = match connection {
             Connection::Client(client) => metered(client, observer.clone()),
-            Connection::Config(config) => {
+            Connection::Config(mut config) => {
+                without_trust_store_over_plain_http(&mut config);
                 let observer = observer.clone();
                 let make = move || {
                     kube::client::ClientBuilder::try_from((*config).clone())
@@ -233,5 +250,61 @@ mod tests {
                 .await
                 .expect("no hang");
         assert!(matches!(result, Err(Error::Interrupted)), "{result:?}");
+    }
+
+    #[tokio::test]
+    async fn a_client_over_plain_http_without_the_trust_store_still_talks_to_the_cluster() {
+        let emulator = kactor_emulator::Emulator::start().await.unwrap();
+        let mut config = emulator.config();
+        assert_eq!(config.cluster_url.scheme_str(), Some("http"));
+        without_trust_store_over_plain_http(&mut config);
+        assert_eq!(config.root_cert, Some(Vec::new()));
+        let client = kube::Client::try_from(config).unwrap();
+        let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client);
+        let listed = namespaces.list(&Default::default()).await.unwrap();
+        assert!(listed
+            .items
+            .iter()
+            .any(|ns| ns.metadata.name.as_deref() == Some("default")));
+    }
+}
+
+#[cfg(test)]
+mod trust_store {
+    use super::without_trust_store_over_plain_http;
+
+    fn config(url: &str, proxy: Option<&str>) -> kube::Config {
+        let mut config = kube::Config::new(url.parse().unwrap());
+        config.proxy_url = proxy.map(|proxy| proxy.parse().unwrap());
+        config
+    }
+
+    #[test]
+    fn only_a_plain_http_cluster_without_a_ca_or_a_tls_proxy_goes_without_it() {
+        let mut plain = config("http://127.0.0.1:8001", None);
+        without_trust_store_over_plain_http(&mut plain);
+        assert_eq!(plain.root_cert, Some(Vec::new()));
+
+        let mut plain_proxied = config("http://10.0.0.1", Some("http://proxy:3128"));
+        without_trust_store_over_plain_http(&mut plain_proxied);
+        assert_eq!(plain_proxied.root_cert, Some(Vec::new()));
+
+        // TLS somewhere on the way: the trust store (or the CA given) is what verifies it.
+        let mut tls = config("https://10.0.0.1:6443", None);
+        without_trust_store_over_plain_http(&mut tls);
+        assert_eq!(tls.root_cert, None);
+
+        let mut tls_proxy = config("http://10.0.0.1", Some("https://proxy:3128"));
+        without_trust_store_over_plain_http(&mut tls_proxy);
+        assert_eq!(tls_proxy.root_cert, None);
+
+        let mut socks = config("http://10.0.0.1", Some("socks5://proxy:1080"));
+        without_trust_store_over_plain_http(&mut socks);
+        assert_eq!(socks.root_cert, None);
+
+        let mut with_ca = config("http://127.0.0.1:8001", None);
+        with_ca.root_cert = Some(vec![b"a CA".to_vec()]);
+        without_trust_store_over_plain_http(&mut with_ca);
+        assert_eq!(with_ca.root_cert, Some(vec![b"a CA".to_vec()]));
     }
 }
