@@ -167,7 +167,9 @@ impl Operator {
     /// Connects with this configuration instead of finding credentials: a kubeconfig's context of
     /// your choosing, a token, an emulator's `config()`. The operator builds its client from it as
     /// it does from the credentials it finds, with its request metering inside kube's one request
-    /// buffer. The last of `client` and `kube_config` given is used.
+    /// buffer. The last of `client` and `kube_config` given is used. A cluster reached over plain
+    /// `http://` with no CA in the configuration is connected to without loading the machine's
+    /// trust store (it has no certificate to verify), unless a proxy reached over TLS is set.
     ///
     /// ```no_run
     /// # use kactor::prelude::*;
