@@ -169,7 +169,8 @@ impl Operator {
     /// it does from the credentials it finds, with its request metering inside kube's one request
     /// buffer. The last of `client` and `kube_config` given is used. A cluster reached over plain
     /// `http://` with no CA in the configuration is connected to without loading the machine's
-    /// trust store (it has no certificate to verify), unless a proxy reached over TLS is set.
+    /// trust store (it has no certificate to verify), unless a proxy other than a plain-HTTP one
+    /// is set.
     ///
     /// ```no_run
     /// # use kactor::prelude::*;

@@ -9,15 +9,15 @@ use orchestra::Orchestra;
 /// A cluster reached over plain HTTP (the emulator, `kubectl proxy`) has no certificate to verify,
 /// yet without a CA of its own kube's client loads the system's whole trust store for every client
 /// made from the configuration: a few milliseconds of the operator's start each, once for the
-/// operator and once per object thread. An empty set of roots stands in for it there. A proxy
-/// reached over TLS still needs the trust store, and a CA given is kept.
+/// operator and once per object thread. An empty set of roots stands in for it there. A CA given
+/// is kept, and behind any proxy but a plain-HTTP one (TLS, SOCKS) kube's default stays.
 fn without_trust_store_over_plain_http(config: &mut kube::Config) {
     let plain = config.cluster_url.scheme_str() == Some("http");
-    let tls_proxy = config
+    let other_proxy = config
         .proxy_url
         .as_ref()
         .is_some_and(|proxy| proxy.scheme_str() != Some("http"));
-    if plain && !tls_proxy && config.root_cert.is_none() {
+    if plain && !other_proxy && config.root_cert.is_none() {
         config.root_cert = Some(Vec::new());
     }
 }
