@@ -52,14 +52,14 @@
 //!   `status.kopf.last-handled-configuration` (Kopf's status storage format) and into the object's
 //!   memory, with a Warning event, so the object is still handled once per change.
 
-use std::collections::HashSet;
-use std::sync::{Arc, OnceLock};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use jiff::Timestamp;
-use kube::api::DynamicObject;
+use kube::api::{Api, DynamicObject};
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -69,6 +69,7 @@ use crate::clients::cache::Caches;
 use crate::clients::observe::{NoObserver, Observer};
 use crate::clients::patches::{self, ApplyError, Fence, Fenced, Patch, PatchFn};
 use crate::clients::posting::EventPoster;
+use crate::clients::slim::Slim;
 use crate::intents::handlers::{
     Attempt, ChangingHandler, Ctx, ErrorsMode, HandlerError, HandlerFn, IndexHandler, Memo,
     ResourceHandlers,
@@ -97,6 +98,20 @@ pub const WAITING_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(600);
 /// Where a status-stored diff-base lives (Kopf's `StatusDiffBaseStorage` default field).
 const STATUS_DIFF_BASE: [&str; 2] = [patches::KOPF_STATUS, "last-handled-configuration"];
 
+/// At most this many namespaces' APIs are kept by a processor (`Apis`).
+const APIS_KEPT: usize = 256;
+
+/// The APIs the cycles' patches go through, made on first use ([`patches::object_api`]) and kept:
+/// one for a cluster-scoped resource, else one per namespace. Making an API per request cost a
+/// dozen allocations (its URL, the namespace, the client's handle) and the resource's five strings.
+/// Past [`APIS_KEPT`] namespaces the map starts again, so that namespaces come and go without
+/// their APIs piling up.
+#[derive(Default)]
+struct Apis {
+    cluster: Option<Arc<Api<Slim>>>,
+    namespaced: HashMap<String, Arc<Api<Slim>>>,
+}
+
 /// What one resource's cycles share.
 pub struct Processor {
     /// The resource.
@@ -123,6 +138,8 @@ pub struct Processor {
     indexes: Option<Indexes>,
     /// Runs changing handlers and sub-handlers (made on first use, after the builder methods).
     steps: OnceLock<Arc<Steps>>,
+    /// The APIs of the objects' namespaces, with this processor's client.
+    apis: Mutex<Apis>,
 }
 
 /// What runs the due changing handlers of one cause, top-level or sub-handlers (one step of their
@@ -574,6 +591,7 @@ impl Processor {
             caches: None,
             indexes: None,
             steps: OnceLock::new(),
+            apis: Mutex::default(),
         }
     }
 
@@ -749,8 +767,8 @@ impl Processor {
                 shard,
                 draining: true,
             };
-            let applied = patches::apply(
-                &self.client,
+            let applied = patches::apply_through(
+                &self.api(&event.body),
                 &self.resource,
                 &event.body,
                 changes,
@@ -1159,8 +1177,8 @@ impl Processor {
             shard,
             draining: false,
         });
-        let applied = patches::apply(
-            &self.client,
+        let applied = patches::apply_through(
+            &self.api(body),
             &self.resource,
             body,
             changes,
@@ -1169,6 +1187,29 @@ impl Processor {
         )
         .await?;
         Ok(applied)
+    }
+
+    /// The API the object's patches go through: its namespace's, made once (see `Apis`).
+    fn api(&self, body: &DynamicObject) -> Arc<Api<Slim>> {
+        let make = || Arc::new(patches::object_api(&self.client, &self.resource, body));
+        let namespace = body
+            .metadata
+            .namespace
+            .as_deref()
+            .filter(|_| self.resource.namespaced);
+        let mut apis = self.apis.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(namespace) = namespace else {
+            return apis.cluster.get_or_insert_with(make).clone();
+        };
+        if let Some(api) = apis.namespaced.get(namespace) {
+            return api.clone();
+        }
+        if apis.namespaced.len() >= APIS_KEPT {
+            apis.namespaced.clear();
+        }
+        let api = make();
+        apis.namespaced.insert(namespace.to_owned(), api.clone());
+        api
     }
 
     /// The last handled essence (the diff-base), the current one, and the diff between them.
@@ -1936,5 +1977,73 @@ mod memory_tests {
         kept.superseded.push("12".into());
         kept.shed();
         assert_eq!(kept.superseded, ["12"], "versions still awaited are kept");
+    }
+}
+
+#[cfg(test)]
+mod api_tests {
+    use super::*;
+
+    fn processor(resource: Resource) -> Processor {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        Processor::new(
+            Arc::new(resource),
+            Arc::new(ResourceHandlers::default()),
+            Arc::new(Settings::default()),
+            Arc::new(kube::Client::try_from(config).unwrap()),
+            EventPoster::disabled(),
+            Arc::new(Semaphore::new(1)),
+        )
+    }
+
+    fn object(namespace: Option<&str>) -> DynamicObject {
+        let mut object = DynamicObject::new(
+            "w",
+            &kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+        );
+        object.metadata.namespace = namespace.map(str::to_string);
+        object
+    }
+
+    #[tokio::test]
+    async fn each_namespace_has_its_api_made_once_and_the_kept_ones_are_bounded() {
+        let widgets = processor(Resource::namespaced(
+            "example.com",
+            "v1",
+            "Widget",
+            "widgets",
+        ));
+        let first = widgets.api(&object(Some("ns1")));
+        assert_eq!(
+            first.resource_url(),
+            "/apis/example.com/v1/namespaces/ns1/widgets"
+        );
+        assert!(Arc::ptr_eq(&first, &widgets.api(&object(Some("ns1")))));
+        let other = widgets.api(&object(Some("ns2")));
+        assert_eq!(
+            other.resource_url(),
+            "/apis/example.com/v1/namespaces/ns2/widgets"
+        );
+        assert!(!Arc::ptr_eq(&first, &other));
+
+        // Many namespaces: the map starts again rather than growing.
+        for n in 0..APIS_KEPT + 10 {
+            let namespace = format!("many-{n}");
+            let api = widgets.api(&object(Some(&namespace)));
+            assert_eq!(
+                api.resource_url(),
+                format!("/apis/example.com/v1/namespaces/{namespace}/widgets")
+            );
+        }
+        let kept = widgets.apis.lock().unwrap().namespaced.len();
+        assert!(kept <= APIS_KEPT, "{kept} namespaces' APIs kept");
+
+        // A cluster-scoped resource: one API, whatever the object says of a namespace.
+        let mut nodes = Resource::namespaced("", "v1", "Node", "nodes");
+        nodes.namespaced = false;
+        let nodes = processor(nodes);
+        let api = nodes.api(&object(None));
+        assert_eq!(api.resource_url(), "/api/v1/nodes");
+        assert!(Arc::ptr_eq(&api, &nodes.api(&object(Some("ns1")))));
     }
 }

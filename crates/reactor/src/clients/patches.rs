@@ -324,19 +324,41 @@ pub async fn apply(
     backoffs: &[Duration],
     fence: Option<Fence<'_>>,
 ) -> Result<Applied, ApplyError> {
-    let mut applied = Applied::default();
     if changes.is_empty() {
-        return Ok(applied);
+        return Ok(Applied::default());
     }
-    // Answers are decoded without their managedFields (see `slim`).
-    let api = slim::api(
+    let api = object_api(client, resource, body);
+    apply_through(&api, resource, body, changes, backoffs, fence).await
+}
+
+/// The API the requests to the object `body` of `resource` go through: its namespace's (none for
+/// a cluster-scoped resource), with answers decoded without their managedFields (see `slim`).
+/// Making one is a dozen allocations (the URL, the namespace, the client's handle); an operator
+/// keeps one per namespace ([`Processor`](crate::processing::Processor)).
+pub fn object_api(client: &kube::Client, resource: &Resource, body: &DynamicObject) -> Api<Slim> {
+    slim::api(
         client.clone(),
         body.metadata
             .namespace
             .as_deref()
             .filter(|_| resource.namespaced),
         &resource.api_resource(),
-    );
+    )
+}
+
+/// [`apply`] through an API made beforehand ([`object_api`] of the same object).
+pub async fn apply_through(
+    api: &Api<Slim>,
+    resource: &Resource,
+    body: &DynamicObject,
+    changes: Changes,
+    backoffs: &[Duration],
+    fence: Option<Fence<'_>>,
+) -> Result<Applied, ApplyError> {
+    let mut applied = Applied::default();
+    if changes.is_empty() {
+        return Ok(applied);
+    }
     let name = body.metadata.name.clone().unwrap_or_default();
     let has_status = resource.subresources.iter().any(|s| s == "status");
 
@@ -344,13 +366,13 @@ pub async fn apply(
         // Boxed, like the transformations below: what only sharded operators run stays out of
         // the size of every cycle's future (a task's size is allocated and copied per cycle).
         return Box::pin(apply_fenced(
-            &api, &name, body, changes, has_status, backoffs, fence,
+            api, &name, body, changes, has_status, backoffs, fence,
         ))
         .await;
     }
     for (what, to_status, patch) in merge_requests(changes.merge, has_status) {
         let response = crate::clients::api::retrying(backoffs, what, || {
-            let (api, name, patch) = (&api, &name, &patch);
+            let (api, name, patch) = (api, &name, &patch);
             async move {
                 let params = PatchParams::default();
                 if to_status {
@@ -378,7 +400,7 @@ pub async fn apply(
 
     transform_into(
         &mut applied,
-        &api,
+        api,
         &name,
         body,
         changes.fns,
@@ -595,14 +617,7 @@ pub async fn release(
     shard: &Shard,
     backoffs: &[Duration],
 ) -> Result<Option<DynamicObject>, ApplyError> {
-    let api = slim::api(
-        client.clone(),
-        body.metadata
-            .namespace
-            .as_deref()
-            .filter(|_| resource.namespaced),
-        &resource.api_resource(),
-    );
+    let api = object_api(client, resource, body);
     let name = body.metadata.name.clone().unwrap_or_default();
     let request = KubePatch::Json::<()>(json_patch::Patch(shard.release()));
     let what = "the object (handover)";
