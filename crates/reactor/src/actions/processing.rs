@@ -405,8 +405,9 @@ struct CauseProgress {
     done: bool,
     /// The delays of the handlers still pending.
     delays: Vec<Duration>,
-    /// The essence the cause started from.
-    base: Option<Value>,
+    /// The essence the cause started from: the cause's own `new` (shared, not copied) unless it
+    /// spans cycles or a field handler's view changed it.
+    base: Option<Arc<Value>>,
 }
 
 /// What the worker does next, from what the cycle wrote and how its handlers went.
@@ -1383,7 +1384,7 @@ impl Processor {
             // What the cause's handlers saw: the essence it started from, with each field
             // handler's field as that handler last saw it. A change that arrived while it was in
             // progress is then a change after it, handled by the next cycle.
-            if let Some(new) = progress.base.as_ref().or(cause.new.as_deref()) {
+            if let Some(new) = progress.base.as_deref().or(cause.new.as_deref()) {
                 if cause.old.as_deref() != Some(new) {
                     self.store_diff_base(ctx, new, memory);
                 }
@@ -1496,8 +1497,8 @@ impl Processor {
             if let Some(base) = &progress.base {
                 // Kept for the cycles to come, and on the object with the progress, for a
                 // restart; too large for the annotations, the memory keeps it alone.
-                memory.cause_base = Some((reason, base.clone()));
-                if self.diffbase.fetch_cause_base(&body).as_ref() != Some(base) {
+                memory.cause_base = Some((reason, Value::clone(base)));
+                if self.diffbase.fetch_cause_base(&body).as_ref() != Some(&**base) {
                     let _ = self.diffbase.store_cause_base(&body, base, &mut merge);
                 }
             }
@@ -1514,7 +1515,7 @@ impl Processor {
         cause: &ChangingCause,
         body: &DynamicObject,
         memory: &mut ObjectMemory,
-    ) -> Option<Value> {
+    ) -> Option<Arc<Value>> {
         let reason = cause.reason;
         let continued = state
             .iter()
@@ -1527,7 +1528,8 @@ impl Processor {
                     .or_else(|| self.diffbase.fetch_cause_base(body))
             })
             .flatten()
-            .or_else(|| cause.new.as_deref().cloned())
+            .map(Arc::new)
+            .or_else(|| cause.new.clone())
     }
 
     /// The progress of this cause's handlers; the progress of another cause (a creation still
@@ -1775,7 +1777,7 @@ impl SubRunner for Steps {
 /// mid-cause and changed back after) gets the change to the value the field settled on as an update
 /// after the cause, instead of the diff-base claiming it saw the start.
 fn seen_by_field_handlers(
-    base: &mut Value,
+    base: &mut Arc<Value>,
     cause: &ChangingCause,
     handlers: &[&ChangingHandler],
     outcomes: &[(String, Outcome)],
@@ -1794,6 +1796,8 @@ fn seen_by_field_handlers(
         let Some((field, (last, parents))) = field.and_then(|f| Some((f, f.split_last()?))) else {
             continue;
         };
+        // Copied only here, when a field handler's view differs from the cause's `new`.
+        let base = Arc::make_mut(base);
         match resolve(new, field) {
             Some(_) => diffs::cherrypick(new, base, std::slice::from_ref(field)),
             None => {

@@ -132,12 +132,15 @@ impl DiffBaseStorage {
         remove_empty_stanzas(&mut essence);
 
         // What the progress storage's `clear` adds: the whole own prefix, the legacy progress.
-        let own_prefix = format!("{}/", self.keys.prefix);
+        let prefix = self.keys.prefix.as_str();
         if let Some(annotations) = annotations_mut(&mut essence) {
-            annotations.retain(|key, _| !key.starts_with(&own_prefix));
+            annotations.retain(|key, _| {
+                !key.strip_prefix(prefix)
+                    .is_some_and(|name| name.starts_with('/'))
+            });
         }
         remove_empty_stanzas(&mut essence);
-        remove(&mut essence, &field(&["status", "kopf", "progress"]));
+        remove(&mut essence, &["status", "kopf", "progress"]);
         remove_empty_stanzas(&mut essence);
 
         essence
@@ -248,10 +251,6 @@ impl DiffBaseStorage {
     }
 }
 
-fn field(parts: &[&str]) -> Vec<String> {
-    parts.iter().map(|part| part.to_string()).collect()
-}
-
 /// Labels or annotations as a JSON object.
 fn string_map<'a>(entries: impl Iterator<Item = (&'a String, &'a String)>) -> Value {
     Value::Object(
@@ -315,7 +314,7 @@ fn annotations_size_after(
         .flatten()
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
-    let patched = resolve(patch, &field(&["metadata", "annotations"])).and_then(Value::as_object);
+    let patched = resolve(patch, &["metadata", "annotations"]).and_then(Value::as_object);
     for (key, value) in patched.into_iter().flatten() {
         match value.as_str() {
             Some(value) => annotations.insert(key, value),
@@ -405,6 +404,10 @@ fn write_metadata(metadata: &Map<String, Value>, out: &mut String) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn field(parts: &[&str]) -> Vec<String> {
+        parts.iter().map(|part| part.to_string()).collect()
+    }
 
     fn object(value: Value) -> DynamicObject {
         serde_json::from_value(value).unwrap()
