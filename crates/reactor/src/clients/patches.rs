@@ -324,9 +324,6 @@ pub async fn apply(
     backoffs: &[Duration],
     fence: Option<Fence<'_>>,
 ) -> Result<Applied, ApplyError> {
-    if changes.is_empty() {
-        return Ok(Applied::default());
-    }
     let api = object_api(client, resource, body);
     apply_through(&api, resource, body, changes, backoffs, fence).await
 }

@@ -105,10 +105,7 @@ impl DiffBaseStorage {
             ignored.push(&self.keys.prefix);
             let kept = annotations.iter().filter(|(key, _)| {
                 key.as_str() != KUBECTL_LAST_APPLIED
-                    && !ignored.iter().any(|prefix| {
-                        key.strip_prefix(prefix)
-                            .is_some_and(|name| name.starts_with('/'))
-                    })
+                    && !ignored.iter().any(|prefix| is_under(key, prefix))
             });
             metadata.insert("annotations".to_string(), string_map(kept));
         }
@@ -134,10 +131,7 @@ impl DiffBaseStorage {
         // What the progress storage's `clear` adds: the whole own prefix, the legacy progress.
         let prefix = self.keys.prefix.as_str();
         if let Some(annotations) = annotations_mut(&mut essence) {
-            annotations.retain(|key, _| {
-                !key.strip_prefix(prefix)
-                    .is_some_and(|name| name.starts_with('/'))
-            });
+            annotations.retain(|key, _| !is_under(key, prefix));
         }
         remove_empty_stanzas(&mut essence);
         remove(&mut essence, &["status", "kopf", "progress"]);
@@ -249,6 +243,12 @@ impl DiffBaseStorage {
         store_marker(&self.keys, Some(body), patch);
         Ok(())
     }
+}
+
+/// Whether an annotation key is `<prefix>/...`, checked without forming `<prefix>/`.
+fn is_under(key: &str, prefix: &str) -> bool {
+    key.strip_prefix(prefix)
+        .is_some_and(|name| name.starts_with('/'))
 }
 
 /// Labels or annotations as a JSON object.
