@@ -129,3 +129,89 @@ async fn the_status_bookkeeping_goes_after_the_body_and_the_results_before_it() 
     // The version to wait for is the last request's.
     assert_eq!(applied.resource_version, stored.metadata.resource_version);
 }
+
+/// The answers to the merge patches are read for what each request changed (and the metadata):
+/// the object the cycle goes on with has the status its status request wrote and the annotation its
+/// body request wrote, at the version of the last request, and not the spec, which nothing
+/// patched. When a transformation follows, the last answer is its starting point and is read
+/// whole.
+#[tokio::test]
+async fn the_answers_are_read_for_what_the_requests_changed() {
+    let cluster = TestCluster::start().await.unwrap();
+    let (api, body) = widget(&cluster).await;
+    let patch = Patch::new();
+    patch.status("create_fn", json!({"message": "done"}));
+    patch.annotation("kopf.zalando.org/create_fn", Some(r#"{"success":true}"#));
+    let applied = patches::apply(
+        &cluster.client(),
+        &widgets(),
+        &body,
+        patch.take(),
+        &[],
+        None,
+    )
+    .await
+    .unwrap();
+    let stored = api.get("w1").await.unwrap();
+    let answer = applied.body.expect("an answer");
+    assert_eq!(
+        answer.metadata.resource_version,
+        stored.metadata.resource_version
+    );
+    assert_eq!(applied.resource_version, stored.metadata.resource_version);
+    // The body's request came last: its answer has the annotation, and of the data only what that
+    // request patched (nothing: the annotation is metadata).
+    assert_eq!(
+        answer.metadata.annotations.unwrap_or_default()["kopf.zalando.org/create_fn"],
+        r#"{"success":true}"#
+    );
+    assert_eq!(answer.data, json!({}), "{:?}", answer.data);
+    assert_eq!(answer.types, stored.types);
+    assert_eq!(stored.data["spec"]["size"], json!(1));
+
+    // A status request alone: its answer has the status (all of it, as stored), not the spec.
+    let patch = Patch::new();
+    patch.status("update_fn", json!("done"));
+    let applied = patches::apply(
+        &cluster.client(),
+        &widgets(),
+        &stored,
+        patch.take(),
+        &[],
+        None,
+    )
+    .await
+    .unwrap();
+    let answer = applied.body.expect("an answer");
+    let stored = api.get("w1").await.unwrap();
+    assert_eq!(answer.data["status"], stored.data["status"]);
+    assert!(answer.data.get("spec").is_none(), "{:?}", answer.data);
+
+    // With a transformation after the merge, the merge's answer is read whole: the transformation
+    // works on it and reads the spec.
+    let patch = Patch::new();
+    patch.annotation("example.com/seen", Some("yes"));
+    patch.transform(|body| {
+        let size = body["spec"]["size"].to_string();
+        body["metadata"]["finalizers"] = json!([format!("example.com/hold-{size}")]);
+    });
+    let applied = patches::apply(
+        &cluster.client(),
+        &widgets(),
+        &stored,
+        patch.take(),
+        &[],
+        None,
+    )
+    .await
+    .unwrap();
+    let stored = api.get("w1").await.unwrap();
+    let answer = applied.body.expect("an answer");
+    assert_eq!(
+        stored.metadata.finalizers.as_deref(),
+        Some(&["example.com/hold-1".to_string()][..])
+    );
+    assert_eq!(stored.data["spec"]["size"], json!(1));
+    assert_eq!(answer.data["spec"], stored.data["spec"]);
+    assert_eq!(applied.resource_version, stored.metadata.resource_version);
+}

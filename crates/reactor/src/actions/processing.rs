@@ -59,7 +59,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use jiff::Timestamp;
-use kube::api::{Api, DynamicObject};
+use kube::api::DynamicObject;
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -67,9 +67,8 @@ use tokio::time::Instant;
 use crate::actions::execution::{execute_once, Invocation};
 use crate::clients::cache::Caches;
 use crate::clients::observe::{NoObserver, Observer};
-use crate::clients::patches::{self, ApplyError, Fence, Fenced, Patch, PatchFn};
+use crate::clients::patches::{self, ApplyError, Fence, Fenced, ObjectApi, Patch, PatchFn};
 use crate::clients::posting::EventPoster;
-use crate::clients::slim::Slim;
 use crate::intents::handlers::{
     Attempt, ChangingHandler, Ctx, ErrorsMode, HandlerError, HandlerFn, IndexHandler, Memo,
     ResourceHandlers,
@@ -108,8 +107,8 @@ const APIS_KEPT: usize = 256;
 /// their APIs piling up.
 #[derive(Default)]
 struct Apis {
-    cluster: Option<Arc<Api<Slim>>>,
-    namespaced: HashMap<String, Arc<Api<Slim>>>,
+    cluster: Option<Arc<ObjectApi>>,
+    namespaced: HashMap<String, Arc<ObjectApi>>,
 }
 
 /// What one resource's cycles share.
@@ -1191,7 +1190,7 @@ impl Processor {
     }
 
     /// The API the object's patches go through: its namespace's, made once (see `Apis`).
-    fn api(&self, body: &DynamicObject) -> Arc<Api<Slim>> {
+    fn api(&self, body: &DynamicObject) -> Arc<ObjectApi> {
         let make = || Arc::new(patches::object_api(&self.client, &self.resource, body));
         let namespace = body
             .metadata
@@ -2019,13 +2018,13 @@ mod api_tests {
         ));
         let first = widgets.api(&object(Some("ns1")));
         assert_eq!(
-            first.resource_url(),
+            first.api().resource_url(),
             "/apis/example.com/v1/namespaces/ns1/widgets"
         );
         assert!(Arc::ptr_eq(&first, &widgets.api(&object(Some("ns1")))));
         let other = widgets.api(&object(Some("ns2")));
         assert_eq!(
-            other.resource_url(),
+            other.api().resource_url(),
             "/apis/example.com/v1/namespaces/ns2/widgets"
         );
         assert!(!Arc::ptr_eq(&first, &other));
@@ -2035,7 +2034,7 @@ mod api_tests {
             let namespace = format!("many-{n}");
             let api = widgets.api(&object(Some(&namespace)));
             assert_eq!(
-                api.resource_url(),
+                api.api().resource_url(),
                 format!("/apis/example.com/v1/namespaces/{namespace}/widgets")
             );
         }
@@ -2047,7 +2046,7 @@ mod api_tests {
         nodes.namespaced = false;
         let nodes = processor(nodes);
         let api = nodes.api(&object(None));
-        assert_eq!(api.resource_url(), "/api/v1/nodes");
+        assert_eq!(api.api().resource_url(), "/api/v1/nodes");
         assert!(Arc::ptr_eq(&api, &nodes.api(&object(Some("ns1")))));
     }
 }

@@ -227,7 +227,9 @@ pub struct Applied {
     /// The versions our earlier requests made, oldest first, when several were sent: their watch
     /// events bring states older than what we wrote, and the worker skips them.
     pub superseded: Vec<String>,
-    /// The object after our last request.
+    /// The object as the answer to our last request gave it: its type fields, its metadata and,
+    /// of the rest, the top-level fields that request patched (the whole object when
+    /// transformations were sent, or after a merge that transformations followed).
     pub body: Option<DynamicObject>,
     /// Transformations that met a conflict, to retry next cycle.
     pub remaining: Vec<PatchFn>,
@@ -332,20 +334,85 @@ pub async fn apply(
 /// a cluster-scoped resource), with answers decoded without their managedFields (see `slim`).
 /// Making one is a dozen allocations (the URL, the namespace, the client's handle); an operator
 /// keeps one per namespace ([`Processor`](crate::processing::Processor)).
-pub fn object_api(client: &kube::Client, resource: &Resource, body: &DynamicObject) -> Api<Slim> {
-    slim::api(
+pub fn object_api(client: &kube::Client, resource: &Resource, body: &DynamicObject) -> ObjectApi {
+    let api = slim::api(
         client.clone(),
         body.metadata
             .namespace
             .as_deref()
             .filter(|_| resource.namespaced),
         &resource.api_resource(),
-    )
+    );
+    ObjectApi {
+        request: kube::core::Request::new(api.resource_url()),
+        client: client.clone(),
+        api,
+    }
+}
+
+/// The requests to the objects of one resource in one namespace ([`object_api`]): its
+/// `Api<Slim>`, and what the merge patches go through so that their answers are read only for
+/// what they changed (`slim::decode_keeping`).
+pub struct ObjectApi {
+    api: Api<Slim>,
+    client: kube::Client,
+    request: kube::core::Request,
+}
+
+impl ObjectApi {
+    /// The resource's API in the namespace.
+    pub fn api(&self) -> &Api<Slim> {
+        &self.api
+    }
+
+    /// A merge patch of the object `name` (of its `/status` with `to_status`), the answer decoded
+    /// with its type fields and metadata and, of the rest, the top-level fields `patch` has (all
+    /// of them with `whole`).
+    async fn merge(
+        &self,
+        name: &str,
+        to_status: bool,
+        patch: &Value,
+        whole: bool,
+    ) -> Result<DynamicObject, kube::Error> {
+        let params = PatchParams::default();
+        let merge = KubePatch::Merge(patch);
+        let fields = match patch {
+            Value::Object(fields) if !whole => fields,
+            _ if to_status => {
+                return self
+                    .api
+                    .patch_status(name, &params, &merge)
+                    .await
+                    .map(Slim::into_inner)
+            }
+            _ => {
+                return self
+                    .api
+                    .patch(name, &params, &merge)
+                    .await
+                    .map(Slim::into_inner)
+            }
+        };
+        // What `Api::patch` and `Api::patch_status` send, and the verb they name the request by.
+        let (request, verb) = if to_status {
+            let request = self
+                .request
+                .patch_subresource("status", name, &params, &merge);
+            (request, "patch_subresource")
+        } else {
+            (self.request.patch(name, &params, &merge), "patch")
+        };
+        let mut request = request.map_err(kube::Error::BuildRequest)?;
+        request.extensions_mut().insert(verb);
+        let text = self.client.request_text(request).await?;
+        slim::decode_keeping(&text, fields).map_err(kube::Error::SerdeError)
+    }
 }
 
 /// [`apply`] through an API made beforehand ([`object_api`] of the same object).
 pub async fn apply_through(
-    api: &Api<Slim>,
+    api: &ObjectApi,
     resource: &Resource,
     body: &DynamicObject,
     changes: Changes,
@@ -363,25 +430,18 @@ pub async fn apply_through(
         // Boxed, like the transformations below: what only sharded operators run stays out of
         // the size of every cycle's future (a task's size is allocated and copied per cycle).
         return Box::pin(apply_fenced(
-            api, &name, body, changes, has_status, backoffs, fence,
+            &api.api, &name, body, changes, has_status, backoffs, fence,
         ))
         .await;
     }
+    // The answers are read for the fields each request changed, unless transformations follow:
+    // the last answer is then the body they start from.
+    let whole = !changes.fns.is_empty();
     for (what, to_status, patch) in merge_requests(changes.merge, has_status) {
         let response = crate::clients::api::retrying(backoffs, what, || {
-            let (api, name, patch) = (api, &name, &patch);
-            async move {
-                let params = PatchParams::default();
-                if to_status {
-                    api.patch_status(name, &params, &KubePatch::Merge(patch))
-                        .await
-                } else {
-                    api.patch(name, &params, &KubePatch::Merge(patch)).await
-                }
-            }
+            api.merge(&name, to_status, &patch, whole)
         })
-        .await
-        .map(Slim::into_inner);
+        .await;
         match response {
             Ok(object) => {
                 warn_inconsistencies(&patch, &object);
@@ -397,7 +457,7 @@ pub async fn apply_through(
 
     transform_into(
         &mut applied,
-        api,
+        &api.api,
         &name,
         body,
         changes.fns,
@@ -614,7 +674,7 @@ pub async fn release(
     shard: &Shard,
     backoffs: &[Duration],
 ) -> Result<Option<DynamicObject>, ApplyError> {
-    let api = object_api(client, resource, body);
+    let api = object_api(client, resource, body).api;
     let name = body.metadata.name.clone().unwrap_or_default();
     let request = KubePatch::Json::<()>(json_patch::Patch(shard.release()));
     let what = "the object (handover)";

@@ -94,16 +94,34 @@ impl Serialize for Slim {
 
 impl<'de> Deserialize<'de> for Slim {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_map(ObjectVisitor).map(Slim)
+        deserializer
+            .deserialize_map(ObjectVisitor { keep: None })
+            .map(Slim)
     }
+}
+
+/// Decodes an object as [`Slim`] does, but of its data (all but the type fields and `metadata`)
+/// only the top-level fields that `fields` has as keys: the answer to a merge patch is read for
+/// what the patch changed (and the metadata), and the rest of it, the spec above all, is skipped
+/// unread instead of decoded into values that nothing reads.
+pub(crate) fn decode_keeping(
+    text: &str,
+    fields: &Map<String, Value>,
+) -> serde_json::Result<DynamicObject> {
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let object = deserializer.deserialize_map(ObjectVisitor { keep: Some(fields) })?;
+    deserializer.end()?;
+    Ok(object)
 }
 
 /// The top level: `apiVersion` and `kind` into the type fields (when both are strings, as
 /// `DynamicObject`'s flattened `TypeMeta` takes them), `metadata` through [`MetadataSeed`], the
-/// rest into `data`.
-struct ObjectVisitor;
+/// rest into `data` (with `keep`, only the fields it has; the others are skipped).
+struct ObjectVisitor<'k> {
+    keep: Option<&'k Map<String, Value>>,
+}
 
-impl<'de> Visitor<'de> for ObjectVisitor {
+impl<'de> Visitor<'de> for ObjectVisitor<'_> {
     type Value = DynamicObject;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -127,6 +145,10 @@ impl<'de> Visitor<'de> for ObjectVisitor {
             match &*key {
                 "apiVersion" => type_fields.push("apiVersion"),
                 "kind" => type_fields.push("kind"),
+                _ if self.keep.is_some_and(|keep| !keep.contains_key(&*key)) => {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
                 _ => {}
             }
             data.insert(key.into_owned(), map.next_value::<Value>()?);
@@ -314,6 +336,45 @@ mod tests {
             expected.metadata.managed_fields = None;
             let slim: Slim = serde_json::from_slice(&text).unwrap();
             assert_eq!(slim.0, expected, "{sample}");
+        }
+    }
+
+    /// Decoded as `Slim` decodes it, with the data's fields that are not kept left out (the type
+    /// fields and the metadata always in); what is skipped is still checked to be JSON.
+    #[test]
+    fn an_answer_is_decoded_keeping_only_the_fields_asked_for() {
+        let sample = json!({"apiVersion": "example.com/v1", "kind": "Widget",
+            "metadata": {"name": "w", "resourceVersion": "7", "annotations": {"a": "b"},
+                         "managedFields": managed()},
+            "spec": {"size": 3, "nested": {"list": [1, "two", null, 1.5]}},
+            "status": {"create_fn": {"message": "hello"}}, "extra": [1, 2]});
+        let text = serde_json::to_string(&sample).unwrap();
+        let whole = serde_json::from_str::<Slim>(&text).unwrap().into_inner();
+        for kept in [
+            json!({"status": {"create_fn": null}}),
+            json!({"metadata": {"annotations": {"a": "c"}}}),
+            json!({"spec": {}, "extra": null, "absent": 1}),
+            json!({"apiVersion": "v2"}),
+            json!({}),
+        ] {
+            let fields = kept.as_object().unwrap();
+            let partial = decode_keeping(&text, fields).unwrap();
+            let mut expected = whole.clone();
+            expected
+                .data
+                .as_object_mut()
+                .unwrap()
+                .retain(|key, _| fields.contains_key(key));
+            assert_eq!(partial, expected, "{kept}");
+        }
+        let fields = json!({"status": {}});
+        let fields = fields.as_object().unwrap();
+        for broken in [
+            r#"{"metadata": {"name": "w"}, "spec": {"size": }"#,
+            r#"{"metadata": {"name": 5}}"#,
+            r#"{"metadata": {"name": "w"}} trailing"#,
+        ] {
+            assert!(decode_keeping(broken, fields).is_err(), "{broken}");
         }
     }
 
