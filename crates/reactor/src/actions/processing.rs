@@ -1597,7 +1597,7 @@ impl Processor {
                 );
                 tracing::error!("{message}");
                 ctx.warn("DiffBaseTooLarge", &message);
-                for key in self.diffbase.keys.keys(&self.diffbase.key) {
+                for key in self.diffbase.keys.each(&self.diffbase.key) {
                     if ctx.annotations().contains_key(&key) {
                         ctx.patch().annotation(&key, None);
                     }

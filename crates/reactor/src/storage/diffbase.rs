@@ -157,7 +157,7 @@ impl DiffBaseStorage {
 
     fn fetch_named(&self, body: &DynamicObject, name: &str) -> Option<Value> {
         let annotations = body.metadata.annotations.as_ref()?;
-        for key in self.keys.keys(name) {
+        for key in self.keys.each(name) {
             let Some(text) = annotations.get(&key) else {
                 continue;
             };
@@ -189,7 +189,7 @@ impl DiffBaseStorage {
     /// Removes the cause's base from the object (a merge patch), if it has one.
     pub fn clear_cause_base(&self, body: &DynamicObject, patch: &mut Value) {
         let annotations = body.metadata.annotations.as_ref();
-        for key in self.keys.keys(CAUSE_BASE_KEY) {
+        for key in self.keys.each(CAUSE_BASE_KEY) {
             if annotations.is_some_and(|a| a.contains_key(&key)) {
                 ensure(patch, &annotation_path(&key), Value::Null);
             }

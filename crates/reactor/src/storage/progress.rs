@@ -262,7 +262,7 @@ impl ProgressStorage {
     /// Kopf would fail the processing of the object instead, for good.
     pub fn fetch(&self, body: &DynamicObject, handler_id: &str) -> Option<ProgressRecord> {
         let annotations = body.metadata.annotations.as_ref();
-        for key in self.keys.keys(handler_id) {
+        for key in self.keys.each(handler_id) {
             let Some(text) = annotations.and_then(|a| a.get(&key)) else {
                 continue;
             };
@@ -310,7 +310,7 @@ impl ProgressStorage {
     /// writes the marker every time (the same value, so the object is the same).
     pub fn store(&self, handler_id: &str, record: &ProgressRecord, patch: &mut Value) {
         let encoded = record.to_annotation();
-        for key in self.keys.keys(handler_id) {
+        for key in self.keys.each(handler_id) {
             ensure(
                 patch,
                 &annotation_path(&key),
@@ -326,7 +326,7 @@ impl ProgressStorage {
     /// the patch (stored earlier in this cycle) is taken out of the patch instead.
     pub fn purge(&self, body: &DynamicObject, handler_id: &str, patch: &mut Value) {
         let annotations = body.metadata.annotations.as_ref();
-        for key in self.keys.keys(handler_id) {
+        for key in self.keys.each(handler_id) {
             let path = annotation_path(&key);
             if annotations.is_some_and(|a| a.contains_key(&key)) {
                 ensure(patch, &path, Value::Null);
@@ -348,7 +348,7 @@ impl ProgressStorage {
     /// non-Kopf prefix), to provoke a new watch event, as Kopf does after a delay has been slept.
     pub fn touch(&self, patch: &mut Value, now: Timestamp) {
         let value = Value::String(format_timestamp(now));
-        for key in self.keys.keys(&self.touch_key) {
+        for key in self.keys.each(&self.touch_key) {
             ensure(patch, &annotation_path(&key), value.clone());
         }
         self.store_marker(None, patch);
@@ -358,7 +358,7 @@ impl ProgressStorage {
     /// (with a non-null value), as Kopf does on every real patch (and, as Kopf, the marker too).
     pub fn clear_touch(&self, body: &DynamicObject, patch: &mut Value) {
         let annotations = body.metadata.annotations.as_ref();
-        for key in self.keys.keys(&self.touch_key) {
+        for key in self.keys.each(&self.touch_key) {
             if annotations.is_some_and(|a| a.contains_key(&key)) {
                 ensure(patch, &annotation_path(&key), Value::Null);
                 self.store_marker(Some(body), patch);

@@ -100,18 +100,18 @@ impl KeyForming {
     /// All full keys of a name, in the order to read them: V2 first, then V1 if `v1` is on and it
     /// differs from V2.
     pub fn keys(&self, name: &str) -> Vec<String> {
+        self.each(name).collect()
+    }
+
+    /// The keys of [`keys`](Self::keys), without a vector to hold them (the storages form them
+    /// several times per object and cycle).
+    pub fn each(&self, name: &str) -> Keys {
         if let Some(key) = self.plain(name) {
-            return vec![key];
+            return Keys([Some(key), None]);
         }
         let v2 = self.v2(name);
-        let mut keys = vec![v2];
-        if self.v1 {
-            let v1 = self.v1(name);
-            if v1 != keys[0] {
-                keys.push(v1);
-            }
-        }
-        keys
+        let v1 = self.v1.then(|| self.v1(name)).filter(|v1| *v1 != v2);
+        Keys([Some(v2), v1])
     }
 
     /// The one key of a name that neither V1 nor V2 changes (no character to replace, short enough
@@ -189,6 +189,18 @@ impl KeyForming {
         } else {
             format!("{}/", self.prefix)
         }
+    }
+}
+
+/// The full keys of a name, in the order to read them ([`KeyForming::each`]).
+#[derive(Debug)]
+pub struct Keys([Option<String>; 2]);
+
+impl Iterator for Keys {
+    type Item = String;
+
+    fn next(&mut self) -> Option<String> {
+        self.0.iter_mut().find_map(Option::take)
     }
 }
 
