@@ -69,6 +69,7 @@ pub struct Metrics {
     active_handlers: IntGauge,
     object_workers: IntGaugeVec,
     coalesced_events: IntCounterVec,
+    undecodable_objects: IntCounterVec,
     daemons_running: IntGaugeVec,
     timers_running: IntGaugeVec,
     timer_lateness: HistogramVec,
@@ -190,6 +191,11 @@ impl Metrics {
             coalesced_events: counter(
                 "kactor_coalesced_events_total",
                 "Queued events replaced by a newer event of the same object before processing.",
+                &["resource"],
+            )?,
+            undecodable_objects: counter(
+                "kactor_undecodable_objects_total",
+                "Objects of a listing, or watch events, that could not be decoded and were left out.",
                 &["resource"],
             )?,
             daemons_running: gauges(
@@ -387,6 +393,9 @@ impl Observer for Metrics {
         self.coalesced_events
             .with_label_values(&[resource])
             .inc_by(0);
+        self.undecodable_objects
+            .with_label_values(&[resource])
+            .inc_by(0);
         self.daemons_running.with_label_values(&[resource]).add(0);
         self.timers_running.with_label_values(&[resource]).add(0);
         for handler in handlers {
@@ -452,6 +461,12 @@ impl Observer for Metrics {
         self.coalesced_events
             .with_label_values(&[resource])
             .inc_by(count);
+    }
+
+    fn objects_undecodable(&self, resource: &str, count: usize) {
+        self.undecodable_objects
+            .with_label_values(&[resource])
+            .inc_by(count as u64);
     }
 
     fn daemon_started(&self, resource: &str, kind: SpawningKind) {
@@ -771,6 +786,15 @@ mod tests {
             ),
             5.0
         );
+        metrics.objects_undecodable(W, 1);
+        assert_eq!(
+            value(
+                &metrics,
+                "kactor_undecodable_objects_total",
+                &[("resource", W)]
+            ),
+            1.0
+        );
         metrics.daemon_started(W, SpawningKind::Daemon);
         metrics.daemon_started(W, SpawningKind::Daemon);
         metrics.daemon_started(W, SpawningKind::Timer);
@@ -924,6 +948,7 @@ mod tests {
             "kactor_events_received_total",
             "kactor_object_workers",
             "kactor_coalesced_events_total",
+            "kactor_undecodable_objects_total",
             "kactor_daemons_running",
             "kactor_timers_running",
         ] {

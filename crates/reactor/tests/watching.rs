@@ -375,3 +375,80 @@ mod emulator_only {
         );
     }
 }
+
+/// A widget whose spec is nested `depth` levels deep.
+fn deep_widget(name: &str, depth: usize) -> DynamicObject {
+    let mut nested = json!({});
+    for _ in 0..depth {
+        nested = json!({ "a": nested });
+    }
+    let mut widget = samples::widget(name, 1);
+    widget["spec"]["nested"] = nested;
+    serde_json::from_value(widget).unwrap()
+}
+
+/// Counts what the watcher reports as undecodable.
+#[derive(Default)]
+struct Undecodable(std::sync::atomic::AtomicUsize);
+
+impl kactor_reactor::observe::Observer for Undecodable {
+    fn objects_undecodable(&self, _resource: &str, count: usize) {
+        self.0
+            .fetch_add(count, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Tests that need what only a real API server does.
+mod apiserver_only {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    use super::*;
+
+    /// A real API server takes an object nested far deeper than serde_json decodes (128 levels),
+    /// from anyone who may create one. It is left out of its listing page and its events, each
+    /// time with an error and a count, and every other object is listed and watched as before:
+    /// before, the page failed at every retry, and no object of the resource was ever served.
+    #[tokio::test]
+    async fn an_object_too_deep_to_decode_is_left_out_and_the_others_are_served() {
+        let (_cluster, api) = setup().await;
+        create(&api, "a").await;
+        // kube cannot decode the answer either; the server took it all the same.
+        match api
+            .create(&PostParams::default(), &deep_widget("deep", 200))
+            .await
+        {
+            Ok(_) | Err(kube::Error::SerdeError(_)) => {}
+            Err(error) => panic!("the server takes it: {error}"),
+        }
+        create(&api, "c").await;
+        let (watching, networking) = quick();
+        let undecodable = Arc::new(Undecodable::default());
+        let mut watcher = Watcher::new(slim(&api), "widgets", watching, networking)
+            .observed(undecodable.clone(), "widgets");
+        // Pages of two: the deep object shares one with `a`.
+        assert_eq!(
+            take(&mut watcher, 3).await,
+            ["listed a", "listed c", "list-done"]
+        );
+        assert_eq!(undecodable.0.load(Ordering::Relaxed), 1);
+        assert_eq!(watcher.status().restarts(RestartReason::Error), 0);
+
+        // Its events are left out as well; the stream goes on with the others'.
+        for name in ["deep", "a"] {
+            let patched = api
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"size": 2}})),
+                )
+                .await;
+            if let Err(error) = patched {
+                assert!(matches!(error, kube::Error::SerdeError(_)), "{error}");
+            }
+        }
+        assert_eq!(take(&mut watcher, 1).await, ["MODIFIED a"]);
+        assert_eq!(undecodable.0.load(Ordering::Relaxed), 2);
+        assert_eq!(watcher.status().restarts(RestartReason::Error), 0);
+    }
+}

@@ -67,6 +67,10 @@ pub trait Observer: Send + Sync + 'static {
     /// A busy worker of `resource` replaced `count` queued events with a newer one.
     fn events_coalesced(&self, _resource: &str, _count: u64) {}
 
+    /// `count` objects of a listing of `resource`, or watch events, could not be decoded (an
+    /// object nested deeper than the decoder goes, say) and were left out; the rest was served.
+    fn objects_undecodable(&self, _resource: &str, _count: usize) {}
+
     /// A daemon or timer of `resource` started.
     fn daemon_started(&self, _resource: &str, _kind: SpawningKind) {}
 
@@ -177,6 +181,11 @@ impl Observer for Tee {
         self.0
             .iter()
             .for_each(|o| o.events_coalesced(resource, count));
+    }
+    fn objects_undecodable(&self, resource: &str, count: usize) {
+        self.0
+            .iter()
+            .for_each(|o| o.objects_undecodable(resource, count));
     }
     fn daemon_started(&self, resource: &str, kind: SpawningKind) {
         self.0.iter().for_each(|o| o.daemon_started(resource, kind));

@@ -15,11 +15,13 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{ApiResource, DynamicObject, TypeMeta};
+use kube::api::{ApiResource, DynamicObject, ObjectList, TypeMeta};
 use kube::Resource;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 /// A [`DynamicObject`] decoded without `metadata.managedFields`; see the module's documentation.
@@ -112,6 +114,98 @@ pub(crate) fn decode_keeping(
     let object = deserializer.deserialize_map(ObjectVisitor { keep: Some(fields) })?;
     deserializer.end()?;
     Ok(object)
+}
+
+/// An object of a listing page that could not be decoded, as far as it can be named.
+#[derive(Debug)]
+pub struct Undecodable {
+    /// Its name, if its metadata could be read.
+    pub name: Option<String>,
+    /// Its namespace, if it has one and its metadata could be read.
+    pub namespace: Option<String>,
+    /// Why it could not be decoded.
+    pub error: serde_json::Error,
+}
+
+/// A listing page, its objects decoded as [`Slim`]. When the page does not decode whole, it is
+/// taken apart object by object, and the objects that do not decode are left out and returned
+/// beside it: one object nested deeper than the decoder goes (128 levels: a real API server takes
+/// far deeper ones) must not keep every other object of the resource from being served. The page
+/// itself broken (not JSON, not a list) is the error.
+pub fn decode_list(
+    text: &str,
+) -> serde_json::Result<(ObjectList<DynamicObject>, Vec<Undecodable>)> {
+    let whole = match serde_json::from_str::<ObjectList<Slim>>(text) {
+        Ok(page) => {
+            let ObjectList {
+                types,
+                metadata,
+                items,
+            } = page;
+            let items = items.into_iter().map(Slim::into_inner).collect();
+            let page = ObjectList {
+                types,
+                metadata,
+                items,
+            };
+            return Ok((page, Vec::new()));
+        }
+        Err(error) => error,
+    };
+    // Skipping a value (as `RawValue` does) goes as deep as it must; decoding one into a tree
+    // does not.
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Page<'a> {
+        #[serde(default)]
+        api_version: String,
+        #[serde(default)]
+        kind: String,
+        #[serde(default)]
+        metadata: ListMeta,
+        #[serde(borrow, default)]
+        items: Option<Vec<&'a RawValue>>,
+    }
+    #[derive(Deserialize, Default)]
+    struct Named {
+        #[serde(default)]
+        metadata: Names,
+    }
+    #[derive(Deserialize, Default)]
+    struct Names {
+        name: Option<String>,
+        namespace: Option<String>,
+    }
+    let Ok(page) = serde_json::from_str::<Page<'_>>(text) else {
+        return Err(whole);
+    };
+    let raw = page.items.unwrap_or_default();
+    let mut items = Vec::with_capacity(raw.len());
+    let mut undecodable = Vec::new();
+    for item in raw {
+        match serde_json::from_str::<Slim>(item.get()) {
+            Ok(object) => items.push(object.into_inner()),
+            Err(error) => {
+                let names = serde_json::from_str::<Named>(item.get())
+                    .unwrap_or_default()
+                    .metadata;
+                undecodable.push(Undecodable {
+                    name: names.name,
+                    namespace: names.namespace,
+                    error,
+                });
+            }
+        }
+    }
+    let page = ObjectList {
+        types: TypeMeta {
+            api_version: page.api_version,
+            kind: page.kind,
+        },
+        metadata: page.metadata,
+        items,
+    };
+    Ok((page, undecodable))
 }
 
 /// The top level: `apiVersion` and `kind` into the type fields (when both are strings, as
@@ -376,6 +470,90 @@ mod tests {
         ] {
             assert!(decode_keeping(broken, fields).is_err(), "{broken}");
         }
+    }
+
+    fn deep(depth: usize) -> Value {
+        let mut nested = json!({});
+        for _ in 0..depth {
+            nested = json!({ "a": nested });
+        }
+        nested
+    }
+
+    /// A page that decodes whole is decoded as kube decodes it; one with objects that do not (too
+    /// deep, metadata of the wrong shape) is decoded object by object, without them, and they are
+    /// named beside it. A page that is not a list is the error.
+    #[test]
+    fn a_listing_page_leaves_out_the_objects_that_do_not_decode() {
+        let good = |name: &str| {
+            json!({"apiVersion": "example.com/v1", "kind": "Widget",
+                   "metadata": {"name": name, "namespace": "n", "resourceVersion": "3",
+                                "managedFields": managed()},
+                   "spec": {"size": 1}})
+        };
+        let list = |items: Vec<Value>| {
+            json!({"apiVersion": "example.com/v1", "kind": "WidgetList",
+                   "metadata": {"resourceVersion": "10", "continue": "t"}, "items": items})
+            .to_string()
+        };
+        let text = list(vec![good("a"), good("b")]);
+        let (page, undecodable) = decode_list(&text).unwrap();
+        let expected: kube::api::ObjectList<Slim> = serde_json::from_str(&text).unwrap();
+        assert!(undecodable.is_empty());
+        assert_eq!(page.metadata, expected.metadata);
+        assert_eq!(page.types, expected.types);
+        assert_eq!(
+            page.items,
+            expected
+                .items
+                .into_iter()
+                .map(Slim::into_inner)
+                .collect::<Vec<_>>()
+        );
+
+        let mut too_deep = good("deep");
+        too_deep["spec"]["nested"] = deep(300);
+        let mut misshapen = good("labels");
+        misshapen["metadata"]["labels"] = json!({"app": 1});
+        let text = list(vec![good("a"), too_deep, good("b"), misshapen, json!(5)]);
+        let (page, undecodable) = decode_list(&text).unwrap();
+        let names = |objects: &[DynamicObject]| {
+            objects
+                .iter()
+                .map(|o| o.metadata.name.clone().unwrap_or_default())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&page.items), ["a", "b"]);
+        assert!(page
+            .items
+            .iter()
+            .all(|o| o.metadata.managed_fields.is_none()));
+        assert_eq!(page.metadata.resource_version.as_deref(), Some("10"));
+        assert_eq!(page.metadata.continue_.as_deref(), Some("t"));
+        assert_eq!(page.types.kind, "WidgetList");
+        let named: Vec<_> = undecodable
+            .iter()
+            .map(|u| (u.name.as_deref(), u.namespace.as_deref()))
+            .collect();
+        assert_eq!(
+            named,
+            [
+                (Some("deep"), Some("n")),
+                (Some("labels"), Some("n")),
+                (None, None)
+            ]
+        );
+        assert!(
+            undecodable[0].error.to_string().contains("recursion limit"),
+            "{}",
+            undecodable[0].error
+        );
+
+        for broken in ["not json", r#"{"items": 5}"#, r#"{"items": [{"a": }]}"#] {
+            assert!(decode_list(broken).is_err(), "{broken}");
+        }
+        let (page, undecodable) = decode_list(r#"{"items": null}"#).unwrap();
+        assert!(page.items.is_empty() && undecodable.is_empty());
     }
 
     #[test]

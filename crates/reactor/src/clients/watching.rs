@@ -15,6 +15,11 @@
 //! * After a relist, every object that exists is delivered as [`WatchItem::Listed`] before
 //!   [`WatchItem::ListDone`]; deciding what did not change since it was last seen (and what vanished
 //!   during the gap) is the consumer's job, which knows what it saw.
+//! * An object that cannot be decoded (nested deeper than serde_json's 128 levels, which a real API
+//!   server takes from anyone who may create the object) is left out of its listing page, named in
+//!   an error, and each event of it is left out too, counted (`Observer::objects_undecodable`): the
+//!   resource's other objects are served. Retrying the page or reconnecting would bring it back
+//!   every time, and serve nothing else.
 //! * API errors are retried with `networking.error_backoffs` (honouring a 429's `retryAfterSeconds`);
 //!   when the backoffs run out, the failure is recorded in [`WatchStatus`] (so health can report it)
 //!   and retries go on at the longest backoff until the API answers again.
@@ -35,7 +40,7 @@ use kube::api::{
 
 pub use crate::clients::observe::WatchStatus;
 use crate::clients::observe::{NoObserver, Observer};
-use crate::clients::slim::Slim;
+use crate::clients::slim::{self, Slim};
 pub use crate::structs::names::{EventType, RestartReason};
 use crate::structs::settings::{Networking, Watching};
 
@@ -112,6 +117,8 @@ enum Step {
 /// The watcher of one resource in one namespace (or cluster-wide).
 pub struct Watcher {
     api: Api<Slim>,
+    /// `api`'s client, for the listing's requests (whose pages are decoded here: `slim::decode_list`).
+    client: kube::Client,
     label: String,
     params: ListParams,
     watching: Watching,
@@ -138,6 +145,12 @@ impl Tell {
         self.observer.watch_restarted(&self.resource, reason);
     }
 
+    fn undecodable(&self, count: usize) {
+        if count > 0 {
+            self.observer.objects_undecodable(&self.resource, count);
+        }
+    }
+
     fn received(&self, status: &WatchStatus, count: usize) {
         status.received.fetch_add(count as u64, Ordering::Relaxed);
         if count > 0 {
@@ -156,6 +169,7 @@ impl Watcher {
         networking: Networking,
     ) -> Self {
         Watcher {
+            client: api.clone().into_client(),
             api,
             label: label.into(),
             params: ListParams::default(),
@@ -264,11 +278,7 @@ impl Watcher {
                     items: page.items.into_iter().map(from_metadata).collect(),
                 })
         } else {
-            self.api.list(&params).await.map(|page| ObjectList {
-                types: page.types,
-                metadata: page.metadata,
-                items: page.items.into_iter().map(Slim::into_inner).collect(),
-            })
+            self.list_objects(&params).await
         };
         match page {
             Ok(page) => {
@@ -302,6 +312,34 @@ impl Watcher {
             Err(error) => self.failed(error).await?,
         }
         Ok(Step::Again)
+    }
+
+    /// One page of the listing, as `Api::list` asks for it, decoded here ([`slim::decode_list`]):
+    /// an object that does not decode is left out with an error that names it, and the rest of the
+    /// page is served; kube's own decoding would fail the page, again at every retry, and log it
+    /// whole. (`&mut self`: a future holding `&self` would need the watcher, its stream
+    /// included, to be `Sync`.)
+    async fn list_objects(
+        &mut self,
+        params: &ListParams,
+    ) -> kube::Result<ObjectList<DynamicObject>> {
+        let mut request = kube::core::Request::new(self.api.resource_url())
+            .list(params)
+            .map_err(kube::Error::BuildRequest)?;
+        request.extensions_mut().insert("list");
+        let text = self.client.request_text(request).await?;
+        let (page, undecodable) = slim::decode_list(&text).map_err(kube::Error::SerdeError)?;
+        for object in &undecodable {
+            tracing::error!(
+                watcher = %self.label,
+                name = object.name.as_deref().unwrap_or("?"),
+                namespace = object.namespace.as_deref().unwrap_or(""),
+                error = %object.error,
+                "an object of the listing cannot be decoded; it is left out, and the other objects are served"
+            );
+        }
+        self.tell.undecodable(undecodable.len());
+        Ok(page)
     }
 
     /// Listed: opens the watch from `rv`. A 410 lists again.
@@ -393,6 +431,13 @@ impl Watcher {
                     tracing::warn!(watcher = %self.label, code = status.code, message = %status.message, "the watch stream reported an error; reconnecting");
                     broken = true;
                 }
+                Err(error) if undecodable_event(&error).is_some() => {
+                    // One event the decoder cannot take (the stream goes on line by line): a
+                    // reconnection would only bring it again, and stall every other object.
+                    let error = undecodable_event(&error).unwrap_or_default();
+                    tracing::error!(watcher = %self.label, %error, "an event of the watch stream cannot be decoded; it is left out, and the other objects are served");
+                    self.tell.undecodable(1);
+                }
                 Err(error) => {
                     tracing::warn!(watcher = %self.label, %error, "the watch stream failed; reconnecting");
                     broken = true;
@@ -470,6 +515,25 @@ impl Watcher {
     }
 }
 
+/// Why an item of the watch stream is a line that did not decode, if it is one. kube's stream
+/// yields each line on its own: one that is not an event is a `SerdeError`, unless it decodes as
+/// a `Status`, which any JSON object does (all its fields are optional): an event too deep to
+/// decode comes as an empty `Status`. An error the server sends comes as an `ERROR` event.
+fn undecodable_event(error: &kube::Error) -> Option<String> {
+    match error {
+        kube::Error::SerdeError(error) => Some(error.to_string()),
+        kube::Error::Api(status)
+            if status.code == 0
+                && status.status.is_none()
+                && status.message.is_empty()
+                && status.reason.is_empty() =>
+        {
+            Some("a line that is neither an event nor an error".to_string())
+        }
+        _ => None,
+    }
+}
+
 /// A metadata-only object as the consumers take every object: no type fields (the server's are
 /// `meta.k8s.io/v1` `PartialObjectMetadata`, not the object's), empty data.
 fn from_metadata(partial: PartialObjectMeta<Slim>) -> DynamicObject {
@@ -518,5 +582,28 @@ fn status_of(error: &kube::Error) -> Option<(u16, String)> {
     match error {
         kube::Error::Api(status) => Some((status.code, status.message.clone())),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What kube's stream makes of a line that is not an event: a decoding error, or the empty
+    /// `Status` that any JSON object decodes as; not a `Status` with something in it.
+    #[test]
+    fn a_line_that_did_not_decode_is_told_from_an_error() {
+        let too_deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        let serde = serde_json::from_str::<serde_json::Value>(&too_deep).unwrap_err();
+        assert!(undecodable_event(&kube::Error::SerdeError(serde))
+            .is_some_and(|why| why.contains("recursion limit")));
+        let line = r#"{"type": "MODIFIED", "object": {"metadata": {"name": 5}}}"#;
+        let empty: kube::core::Status = serde_json::from_str(line).unwrap();
+        assert!(undecodable_event(&kube::Error::Api(empty.boxed())).is_some());
+        let status: kube::core::Status =
+            serde_json::from_str(r#"{"code": 500, "message": "etcd is down"}"#).unwrap();
+        assert!(undecodable_event(&kube::Error::Api(status.boxed())).is_none());
+        let io = std::io::Error::other("reset");
+        assert!(undecodable_event(&kube::Error::ReadEvents(io)).is_none());
     }
 }
