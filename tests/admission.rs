@@ -182,6 +182,19 @@ mod apiserver_only {
         assert_eq!(denial.code, 400, "{denial:?}");
         assert!(denial.message.contains("size 11 is over 10"), "{denial:?}");
         assert!(widgets.get_opt("probe").await.unwrap().is_none());
+        // The mutating configuration is written after the validating one: dry runs until an
+        // allowed object comes back mutated too.
+        loop {
+            let tried = widgets.create(&dry, &widget("probe", 3)).await.unwrap();
+            if tried.labels().contains_key("admitted-by") {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the mutating webhook never took effect"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
 
         // Allowed and mutated: the stored object carries the mutation.
         let made = widgets

@@ -214,11 +214,11 @@ async fn a_running_operator_pauses_when_a_higher_priority_arrives() {
     let (cluster, widgets) = with_peering().await;
     create(&widgets, "first").await;
     let (deployed, developer) = (Handled::default(), Handled::default());
-    let deployed_running = spawn(
-        operator(&cluster, "deployed", &deployed)
-            .peering("default")
-            .priority(0),
-    );
+    let deployed_operator = operator(&cluster, "deployed", &deployed)
+        .peering("default")
+        .priority(0);
+    let deployed_switch = deployed_operator.pause_switch();
+    let deployed_running = spawn(deployed_operator);
     deployed.until("first").await;
     // A developer's operator with --dev (priority 666) arrives: the deployed one pauses.
     let developer_running = spawn(
@@ -227,8 +227,15 @@ async fn a_running_operator_pauses_when_a_higher_priority_arrives() {
             .priority(666),
     );
     developer.until("first").await;
-    // Generous margin for the deployed operator to see the developer's record (it takes milliseconds).
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // Waited for: the deployed operator has seen the developer's record and paused.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !deployed_switch.is_paused() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the outranked operator never paused"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     create(&widgets, "second").await;
     developer.until("second").await;
     tokio::time::sleep(Duration::from_millis(1000)).await;

@@ -798,8 +798,17 @@ async fn with_a_state_file_the_emulator_keeps_what_was_created_across_restarts()
     let again = greetings.get("first").await.unwrap();
     assert_eq!(status(&again)["greet"], first);
     let second = greet(&greetings, "second").await;
-    // Saved every second while something changes: a SIGKILL after that loses nothing.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Saved every second while something changes: a SIGKILL after that loses nothing. Waited
+    // for in the file (its greeting there), not for a time a slow machine may not keep.
+    let saved = serde_json::to_string(&second).unwrap();
+    let deadline = tokio::time::Instant::now() + DEMO_WAIT;
+    while !std::fs::read_to_string(&state).is_ok_and(|text| text.contains(&saved)) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the second greeting was never saved"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     child.start_kill().unwrap();
     child.wait().await.unwrap();
     let handled = std::fs::read_to_string(&log).unwrap();

@@ -251,8 +251,14 @@ async fn the_fence_rejects_the_writes_of_a_replica_whose_object_moved_while_its_
     label(&widgets, "w", serde_json::json!({ OWNER: "them" })).await;
     let before = widgets.get("w").await.unwrap();
     gate.go.notify_one();
-    // Its write is rejected: the next owner runs the handler again (at least once).
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Its write is rejected: the next owner runs the handler again (at least once). Waited for,
+    // then a little longer for a write that should not come.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while counted.counts().0 == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "no rejection");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let after = widgets.get("w").await.unwrap();
     assert!(status(&after).get("slow").is_none(), "{after:?}");
     assert_eq!(
