@@ -71,6 +71,56 @@ struct State {
     listing: HashMap<Option<String>, HashSet<CacheKey>>,
     /// The size as JSON of the objects measured so far ([`Entry::bytes`]).
     bytes: AtomicUsize,
+    /// The objects the watch said were deleted lately, with the version of their deletion: a
+    /// handler's answer to an earlier write of one ([`Cache::remember`]) is not taken back in.
+    deleted: Tombstones,
+}
+
+/// At most this many deletions are remembered (the newest), per store: a handler remembers the
+/// answer to its write right after the write, so only the deletions of the last moments matter.
+const TOMBSTONES_KEPT: usize = 1024;
+
+/// The keys of lately deleted objects and the versions of their deletions, oldest first.
+#[derive(Default)]
+struct Tombstones {
+    versions: HashMap<CacheKey, String>,
+    order: std::collections::VecDeque<CacheKey>,
+}
+
+impl Tombstones {
+    fn bury(&mut self, key: CacheKey, version: Option<&str>) {
+        let Some(version) = version else {
+            return;
+        };
+        if self
+            .versions
+            .insert(key.clone(), version.to_owned())
+            .is_none()
+        {
+            self.order.push_back(key);
+        }
+        while self.order.len() > TOMBSTONES_KEPT {
+            if let Some(oldest) = self.order.pop_front() {
+                self.versions.remove(&oldest);
+            }
+        }
+    }
+
+    /// The object came back (made again): its tombstone goes.
+    fn raise(&mut self, key: &CacheKey) {
+        if !self.versions.is_empty() && self.versions.remove(key).is_some() {
+            self.order.retain(|k| k != key);
+        }
+    }
+
+    /// Whether `version` of the object is from before its deletion.
+    fn outlived(&self, key: &CacheKey, version: Option<&str>) -> bool {
+        !self.versions.is_empty()
+            && self
+                .versions
+                .get(key)
+                .is_some_and(|deleted| !is_newer(version, Some(deleted)))
+    }
 }
 
 struct Entry {
@@ -121,8 +171,11 @@ impl Store {
         };
         let mut state = self.write();
         if event_type == EventType::Deleted {
+            let version = object.metadata.resource_version.as_deref();
+            state.deleted.bury(key.clone(), version);
             return state.remove(&key);
         }
+        state.deleted.raise(&key);
         if event_type == EventType::Listed {
             for (scope, seen) in &mut state.listing {
                 if scope.is_none() || *scope == key.0 {
@@ -450,7 +503,9 @@ impl Cache {
 
     /// Keeps an object as the API server answered a write of ours (a create, a patch), so that the
     /// next read sees it before the watch brings it. Ignored when the store already has a newer
-    /// version of it; the watch's next event replaces it. Returns whether it was kept.
+    /// version of it, or when the watch said since that it was deleted (the write's events and its
+    /// deletion's may all come before the handler remembers it); the watch's next event replaces
+    /// it. Returns whether it was kept.
     pub fn remember(&self, mut object: DynamicObject) -> bool {
         let Some(key) = key_of(&object) else {
             return false;
@@ -468,6 +523,13 @@ impl Cache {
             object.data = serde_json::Value::Object(serde_json::Map::new());
         }
         let mut state = self.store.write();
+        if state
+            .deleted
+            .outlived(&key, object.metadata.resource_version.as_deref())
+        {
+            // The watch already said it was deleted since: a ghost, not kept.
+            return false;
+        }
         if let Some(held) = state.objects.get_mut(&key) {
             let version = object.metadata.resource_version.as_deref();
             let held_version = held.object.metadata.resource_version.as_deref();
@@ -837,12 +899,53 @@ mod tests {
         store.apply(EventType::Deleted, &p1b);
         assert_eq!(size.size(), Some((0, 0)));
 
-        // A write of ours, remembered, counts as the watch's would.
-        assert!(store.cache().remember((*p1).clone()));
-        assert_eq!(size.size(), Some((1, json(&p1))));
+        // A write of ours (made again after the deletion), remembered, counts as the watch's
+        // would.
+        let p1c = pod("a", "p1", "9", None, "web");
+        assert!(store.cache().remember((*p1c).clone()));
+        assert_eq!(size.size(), Some((1, json(&p1c))));
 
         drop(store);
         assert_eq!(size.size(), None, "the store is gone");
+    }
+
+    /// The watch brought a child's creation and its deletion before the handler that made it
+    /// remembers the answer to its create: the deleted child is not taken back in (it would be
+    /// read as existing until the next listing). Made again, newer, it is.
+    #[test]
+    fn a_write_answered_before_its_deletion_is_not_remembered_after_it() {
+        let store = store();
+        let cache = store.cache();
+        store.apply(EventType::Added, &pod("a", "p1", "5", None, "web"));
+        store.apply(EventType::Deleted, &pod("a", "p1", "6", None, "web"));
+        assert!(!cache.remember((*pod("a", "p1", "5", None, "web")).clone()));
+        assert!(cache.get(Some("a"), "p1").is_none());
+        assert!(cache.remember((*pod("a", "p1", "8", None, "web")).clone()));
+        assert!(cache.get(Some("a"), "p1").is_some());
+        // Made again and seen by the watch: the tombstone goes with it, and the next deletion
+        // makes one anew.
+        store.apply(EventType::Deleted, &pod("a", "p2", "9", None, "web"));
+        store.apply(EventType::Added, &pod("a", "p2", "10", None, "web"));
+        assert!(!cache.remember((*pod("a", "p2", "10", None, "web")).clone()));
+        assert!(cache.get(Some("a"), "p2").is_some());
+        store.apply(EventType::Deleted, &pod("a", "p2", "11", None, "web"));
+        assert!(!cache.remember((*pod("a", "p2", "10", None, "web")).clone()));
+        assert!(cache.get(Some("a"), "p2").is_none());
+
+        // Only the newest deletions are kept.
+        for n in 0..TOMBSTONES_KEPT + 10 {
+            store.apply(
+                EventType::Deleted,
+                &pod("b", &format!("q{n}"), &(100 + n).to_string(), None, "web"),
+            );
+        }
+        let state = store.write();
+        assert_eq!(state.deleted.versions.len(), TOMBSTONES_KEPT);
+        assert_eq!(state.deleted.order.len(), TOMBSTONES_KEPT);
+        assert!(!state
+            .deleted
+            .versions
+            .contains_key(&(Some("b".into()), "q0".into())));
     }
 
     #[test]
