@@ -173,10 +173,12 @@ async fn only_the_lease_holder_works_and_a_standby_takes_over_when_it_exits() {
     create(&widgets, "first").await;
     let lease = |identity: &str| {
         LeaseSettings::new("widget-operator", "default", identity)
+            // Long enough that a slow machine's late renewal does not hand the lease over: the
+            // takeover below is by a graceful release, not by expiry.
             .with_timings(
-                Duration::from_secs(1),
-                Duration::from_millis(600),
-                Duration::from_millis(100),
+                Duration::from_secs(5),
+                Duration::from_secs(3),
+                Duration::from_millis(200),
             )
             .unwrap()
     };
