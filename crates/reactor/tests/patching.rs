@@ -31,6 +31,15 @@ async fn widget(cluster: &TestCluster) -> (Api<DynamicObject>, DynamicObject) {
     (api, body)
 }
 
+/// The patch sent to the widget `body` as a cycle sends it, without retries.
+async fn send(
+    cluster: &TestCluster,
+    body: &DynamicObject,
+    patch: &Patch,
+) -> Result<patches::Applied, patches::ApplyError> {
+    patches::apply(&cluster.client(), &widgets(), body, patch.take(), &[], None).await
+}
+
 /// The body's patch fails after the status's went through, as a crash between the two would cut the
 /// cycle: the result is kept, and the record that would have said the handler succeeded is not, so
 /// the handler runs again instead of its result being lost.
@@ -44,17 +53,10 @@ async fn a_result_is_stored_before_the_record_that_its_handler_succeeded() {
     // An invalid label makes the server refuse the body's patch (422), whole.
     patch.label("not a valid label key!", Some("x"));
 
-    let error = patches::apply(
-        &cluster.client(),
-        &widgets(),
-        &body,
-        patch.take(),
-        &[],
-        None,
-    )
-    .await
-    .err()
-    .expect("the body's patch is refused");
+    let error = send(&cluster, &body, &patch)
+        .await
+        .err()
+        .expect("the body's patch is refused");
     assert!(error.to_string().contains("the object"), "{error}");
 
     let stored = api.get("w1").await.unwrap();
@@ -83,15 +85,7 @@ async fn the_status_bookkeeping_goes_after_the_body_and_the_results_before_it() 
     );
     patch.annotation("kopf.zalando.org/create_fn", Some(r#"{"success":true}"#));
     patch.label("not a valid label key!", Some("x"));
-    let refused = patches::apply(
-        &cluster.client(),
-        &widgets(),
-        &body,
-        patch.take(),
-        &[],
-        None,
-    )
-    .await;
+    let refused = send(&cluster, &body, &patch).await;
     assert!(refused.is_err(), "the body's patch is refused");
     let stored = api.get("w1").await.unwrap();
     assert_eq!(stored.data["status"]["create_fn"], json!("done"));
@@ -105,16 +99,7 @@ async fn the_status_bookkeeping_goes_after_the_body_and_the_results_before_it() 
         json!("{}"),
     );
     patch.annotation("kopf.zalando.org/create_fn", Some(r#"{"success":true}"#));
-    let applied = patches::apply(
-        &cluster.client(),
-        &widgets(),
-        &stored,
-        patch.take(),
-        &[],
-        None,
-    )
-    .await
-    .unwrap();
+    let applied = send(&cluster, &stored, &patch).await.unwrap();
     let stored = api.get("w1").await.unwrap();
     assert_eq!(stored.data["status"]["create_fn"], json!("again"));
     assert_eq!(
@@ -142,16 +127,7 @@ async fn the_answers_are_read_for_what_the_requests_changed() {
     let patch = Patch::new();
     patch.status("create_fn", json!({"message": "done"}));
     patch.annotation("kopf.zalando.org/create_fn", Some(r#"{"success":true}"#));
-    let applied = patches::apply(
-        &cluster.client(),
-        &widgets(),
-        &body,
-        patch.take(),
-        &[],
-        None,
-    )
-    .await
-    .unwrap();
+    let applied = send(&cluster, &body, &patch).await.unwrap();
     let stored = api.get("w1").await.unwrap();
     let answer = applied.body.expect("an answer");
     assert_eq!(
@@ -172,16 +148,7 @@ async fn the_answers_are_read_for_what_the_requests_changed() {
     // A status request alone: its answer has the status (all of it, as stored), not the spec.
     let patch = Patch::new();
     patch.status("update_fn", json!("done"));
-    let applied = patches::apply(
-        &cluster.client(),
-        &widgets(),
-        &stored,
-        patch.take(),
-        &[],
-        None,
-    )
-    .await
-    .unwrap();
+    let applied = send(&cluster, &stored, &patch).await.unwrap();
     let answer = applied.body.expect("an answer");
     let stored = api.get("w1").await.unwrap();
     assert_eq!(answer.data["status"], stored.data["status"]);
@@ -195,16 +162,7 @@ async fn the_answers_are_read_for_what_the_requests_changed() {
         let size = body["spec"]["size"].to_string();
         body["metadata"]["finalizers"] = json!([format!("example.com/hold-{size}")]);
     });
-    let applied = patches::apply(
-        &cluster.client(),
-        &widgets(),
-        &stored,
-        patch.take(),
-        &[],
-        None,
-    )
-    .await
-    .unwrap();
+    let applied = send(&cluster, &stored, &patch).await.unwrap();
     let stored = api.get("w1").await.unwrap();
     let answer = applied.body.expect("an answer");
     assert_eq!(
