@@ -137,15 +137,10 @@ pub fn decode_list(
 ) -> serde_json::Result<(ObjectList<DynamicObject>, Vec<Undecodable>)> {
     let whole = match serde_json::from_str::<ObjectList<Slim>>(text) {
         Ok(page) => {
-            let ObjectList {
-                types,
-                metadata,
-                items,
-            } = page;
-            let items = items.into_iter().map(Slim::into_inner).collect();
+            let items = page.items.into_iter().map(Slim::into_inner).collect();
             let page = ObjectList {
-                types,
-                metadata,
+                types: page.types,
+                metadata: page.metadata,
                 items,
             };
             return Ok((page, Vec::new()));

@@ -431,17 +431,18 @@ impl Watcher {
                     tracing::warn!(watcher = %self.label, code = status.code, message = %status.message, "the watch stream reported an error; reconnecting");
                     broken = true;
                 }
-                Err(error) if undecodable_event(&error).is_some() => {
+                Err(error) => match undecodable_event(&error) {
                     // One event the decoder cannot take (the stream goes on line by line): a
                     // reconnection would only bring it again, and stall every other object.
-                    let error = undecodable_event(&error).unwrap_or_default();
-                    tracing::error!(watcher = %self.label, %error, "an event of the watch stream cannot be decoded; it is left out, and the other objects are served");
-                    self.tell.undecodable(1);
-                }
-                Err(error) => {
-                    tracing::warn!(watcher = %self.label, %error, "the watch stream failed; reconnecting");
-                    broken = true;
-                }
+                    Some(why) => {
+                        tracing::error!(watcher = %self.label, error = %why, "an event of the watch stream cannot be decoded; it is left out, and the other objects are served");
+                        self.tell.undecodable(1);
+                    }
+                    None => {
+                        tracing::warn!(watcher = %self.label, %error, "the watch stream failed; reconnecting");
+                        broken = true;
+                    }
+                },
             }
             if !relist && !broken && items.len() < MAX_BATCH {
                 // Whatever else is ready joins this batch; an ended stream shows on the next call.
