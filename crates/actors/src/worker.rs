@@ -10,6 +10,10 @@
 //! * starts the next cycle if an event came meanwhile;
 //! * or, when changing handlers wait for our own last patch to come back through the watch, waits for
 //!   it until `persistence.consistency_timeout`, then runs the cycle again on what it has;
+//! * or idles; when the cycle handled its cause to the end and said a cycle on its own last
+//!   write's event would find nothing to do ([`Cycle::quiet_echo`]), that event runs no cycle if
+//!   its essence is its diff-base (anything else it brings, a webhook's or another writer's
+//!   change in the same version, runs one);
 //! * or, when handlers are delayed (a retry), sleeps that long and then touches the object, whose
 //!   event starts the next cycle; any event that comes first ends the sleep at once;
 //! * or, when the cycle failed unexpectedly (an API failure that outlived its retries), throttles the
@@ -307,6 +311,9 @@ pub struct ObjectWorker {
     error: Option<ProcessingError>,
     /// The version our last patch produced, not yet seen in the watch, and until when to wait for it.
     expected: Option<(String, Instant)>,
+    /// A cycle on the event of `expected` finds nothing to do if its essence is its diff-base
+    /// ([`Cycle::quiet_echo`]): such an event is skipped. Cleared when a cycle starts.
+    quiet_echo: bool,
     /// The versions our own requests produced that a later one of ours superseded, not seen yet:
     /// their events bring states older than ours, whose handlers may look undone (the result is
     /// written before the diff-base), so they are skipped. The version we expect follows in the
@@ -355,6 +362,7 @@ impl ObjectWorker {
             phase: Phase::Idle,
             arriving: None,
             pending: None,
+            quiet_echo: false,
             arrived: std::collections::VecDeque::new(),
             last: None,
             last_seq: 0,
@@ -677,6 +685,7 @@ impl ObjectWorker {
 
     fn start_cycle(&mut self, event: Deliver, ctx: &mut Context<Self>) {
         self.arrived.clear();
+        self.quiet_echo = false;
         self.last_seq = self.last_seq.max(event.seq);
         self.cancel_timer(ctx);
         let consistent = match &self.expected {
@@ -769,6 +778,19 @@ impl ObjectWorker {
         self.superseded.drain(..excess);
     }
 
+    /// Whether the event of our own last write needs no cycle: the worker idles (nothing
+    /// pending, held or throttled), the event carries no triggers, and its body's essence is its
+    /// diff-base ([`Cycle::quiet_echo`] says why a cycle would then do nothing).
+    fn echo_changes_nothing(&self, event: &Deliver) -> bool {
+        matches!(self.phase, Phase::Idle)
+            && event.event_type == EventType::Modified
+            && event.triggers.is_empty()
+            && self.pending.is_none()
+            && self.held.is_none()
+            && self.error.is_none()
+            && self.shared.processor.echo_changes_nothing(&event.body)
+    }
+
     /// Whether the event brings a version that one of our own later requests superseded.
     fn is_superseded(&self, event: &Deliver) -> bool {
         event
@@ -859,6 +881,12 @@ impl Handler<Deliver> for ObjectWorker {
                 self.expected = None;
                 // The stream is past our earlier versions: any not seen never come.
                 self.superseded = Vec::new();
+                // A cycle on it would find nothing to do: none runs (see `Cycle::quiet_echo`).
+                if std::mem::take(&mut self.quiet_echo) && self.echo_changes_nothing(&event) {
+                    self.last_seq = self.last_seq.max(event.seq);
+                    tracing::debug!(object = %self.key, "The event of our own last patch changes nothing that handlers see; no cycle runs for it.");
+                    return;
+                }
             }
         }
         if self.busy() {
@@ -886,6 +914,8 @@ impl Handler<CycleDone> for ObjectWorker {
                     Written::Version(version) => {
                         self.supersede(cycle.superseded);
                         self.expect(Some(version));
+                        // Only for the event still to come (not one that came during the patch).
+                        self.quiet_echo = cycle.quiet_echo && self.expected.is_some();
                     }
                     Written::Unversioned => {
                         self.supersede(cycle.superseded);

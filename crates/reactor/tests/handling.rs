@@ -15,7 +15,7 @@ mod emulator_only {
     use kactor_emulator::{samples, Emulator, Failure};
     use kactor_reactor::causes::Reason;
     use kactor_reactor::handlers::{
-        handler_fn, ChangingHandler, Ctx, HandlerError, Memo, On, ResourceHandlers,
+        handler_fn, ChangingHandler, Ctx, EventHandler, HandlerError, Memo, On, ResourceHandlers,
     };
     use kactor_reactor::posting::EventPoster;
     use kactor_reactor::processing::{
@@ -352,6 +352,114 @@ mod emulator_only {
         let cycle = handling.cycle(EventType::Modified).await;
         assert_eq!(cycle, Cycle::default());
         assert!(seen.take().is_empty());
+    }
+
+    /// The echo of our own last write (its event, the object as that write left it, or changed
+    /// in the same version by someone else): the worker skips it when the cycle that wrote it said
+    /// it would be quiet and the echo's essence matches, so a quiet echo must be exactly one whose
+    /// cycle does nothing.
+    #[tokio::test(start_paused = true)]
+    async fn the_echo_of_a_finished_cause_is_skipped_only_when_its_cycle_would_do_nothing() {
+        let seen = Seen::default();
+        let mut handling = Handling::new(vec![create(&seen), update(&seen)]).await;
+        handling.create_widget(1).await;
+        let cycle = handling.cycle(EventType::Added).await;
+        seen.take();
+        assert!(cycle.quiet_echo, "a cause done in one cycle");
+
+        // The echo as the write left it: its essence is its diff-base, and its cycle does nothing.
+        let echo = handling.get().await.unwrap();
+        assert_eq!(stored(&echo, DIFF_BASE), Some(essence(1)));
+        assert!(handling.processor.echo_changes_nothing(&echo));
+        let quiet = handling
+            .cycle_on(EventType::Modified, echo, true, None)
+            .await;
+        assert_eq!(quiet, Cycle::default());
+        assert!(seen.take().is_empty());
+
+        // The same version changed by another writer (as a mutating webhook changes our own
+        // write): no match, and its cycle runs the update handler.
+        handling.resize(2).await;
+        let changed = handling.get().await.unwrap();
+        assert!(!handling.processor.echo_changes_nothing(&changed));
+        let cycle = handling
+            .cycle_on(EventType::Modified, changed, true, None)
+            .await;
+        assert_eq!(
+            seen.take(),
+            [format!("update_fn update 0 {}->{}", essence(1), essence(2))]
+        );
+        assert!(cycle.quiet_echo);
+        let echo = handling.get().await.unwrap();
+        assert_eq!(stored(&echo, DIFF_BASE), Some(essence(2)));
+        assert!(handling.processor.echo_changes_nothing(&echo));
+        // A label is part of the essence too; a garbled diff-base is no match.
+        let mut labelled = echo.clone();
+        labelled
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("tier".into(), "web".into());
+        assert!(!handling.processor.echo_changes_nothing(&labelled));
+        let mut garbled = echo;
+        garbled
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(DIFF_BASE.into(), "{not json".into());
+        assert!(!handling.processor.echo_changes_nothing(&garbled));
+    }
+
+    /// No quiet echo where a cycle on the echo has work whatever it brings: a cause not done yet
+    /// (a retry), a finalizer to add or to keep (a delete handler), handlers that read every
+    /// event.
+    #[tokio::test(start_paused = true)]
+    async fn no_echo_is_quiet_where_its_cycle_has_work_whatever_it_brings() {
+        let seen = Seen::default();
+        let retrying = handler(
+            &seen,
+            On::id("create_fn"),
+            Some(Reason::Create),
+            1,
+            Duration::from_secs(1),
+        );
+        let mut handling = Handling::new(vec![retrying]).await;
+        handling.create_widget(1).await;
+        let cycle = handling.cycle(EventType::Added).await;
+        assert_eq!(seen.take().len(), 1, "the handler ran and failed");
+        assert!(cycle.written != Written::Nothing, "its progress is written");
+        assert!(!cycle.quiet_echo, "a retry is due");
+
+        let mut handling = Handling::new(vec![create(&seen), delete(&seen)]).await;
+        handling.create_widget(1).await;
+        let adding = handling.cycle(EventType::Added).await;
+        assert!(!adding.quiet_echo, "the finalizer is added first");
+        let created = handling.cycle(EventType::Modified).await;
+        assert!(created.written != Written::Nothing);
+        assert!(!created.quiet_echo, "the finalizer holds the object");
+
+        let events = Seen::default();
+        let recorded = events.clone();
+        let handlers = ResourceHandlers {
+            changing: vec![create(&seen)],
+            event: vec![EventHandler {
+                id: "events".into(),
+                selector: Selector::parse(WIDGETS),
+                filters: Default::default(),
+                param: None,
+                func: handler_fn(move |ctx: Ctx| {
+                    recorded.push(&ctx);
+                    async { Ok(Value::Null) }
+                }),
+            }],
+            ..ResourceHandlers::default()
+        };
+        let mut handling = Handling::with_handlers(handlers, Settings::default()).await;
+        handling.create_widget(1).await;
+        let cycle = handling.cycle(EventType::Added).await;
+        assert!(cycle.written != Written::Nothing);
+        assert!(!cycle.quiet_echo, "an event handler sees every event");
+        seen.take();
     }
 
     #[tokio::test(start_paused = true)]

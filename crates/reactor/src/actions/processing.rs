@@ -450,6 +450,13 @@ pub struct Cycle {
     /// When a reconcile handler runs again with no other trigger (a requeue, a retry): the worker
     /// wakes the object then, and does not idle out meanwhile.
     pub wake: Option<Duration>,
+    /// A cycle on the event of [`Written::Version`] (the echo of our own last write) finds
+    /// nothing to do if that event's essence is its diff-base: the cycle handled its cause to the
+    /// end, and the resource has nothing else that reads every event. The worker skips that event
+    /// when it is so ([`Processor::echo_changes_nothing`]); anything else it brings (a mutating
+    /// webhook's change, another writer's, the handler's own change to the spec) runs a cycle as
+    /// before.
+    pub quiet_echo: bool,
 }
 
 impl Default for Cycle {
@@ -459,6 +466,7 @@ impl Default for Cycle {
             next: Next::Idle,
             superseded: Vec::new(),
             wake: None,
+            quiet_echo: false,
         }
     }
 }
@@ -717,13 +725,57 @@ impl Processor {
         if object.deleted {
             return Ok(Cycle::default());
         }
-        let (written, superseded) = self.apply_patch(&event.body, &patch, memory).await?;
+        let (written, superseded, answer) = self.apply_patch(&event.body, &patch, memory).await?;
+        let quiet_echo = match (&written, &changing, answer) {
+            (Written::Version(_), Changing::Ran { delays }, Some(answer)) => {
+                delays.is_empty() && !object.deletion_ongoing && self.quiet_echo(&answer, memory)
+            }
+            _ => false,
+        };
         Ok(Cycle {
             next: next_step(&written, &changing, awaiting_daemons),
             written,
             superseded,
             wake: reconciled.wake,
+            quiet_echo,
         })
+    }
+
+    /// After a cycle that handled its cause to the end and wrote a version: whether a cycle on
+    /// that version's own event finds nothing to do once its essence is its diff-base (checked by
+    /// the worker when the event comes, [`Processor::echo_changes_nothing`]). Read from `answer`,
+    /// the object as our last request left it (its metadata at least): the event of that version
+    /// brings the same object, so its finalizers and deletion are these.
+    ///
+    /// A cycle on that event would then: run no event, index or reconcile handler, decide no
+    /// daemon or timer (the resource has none), find a no-op cause (not a resume: the object was
+    /// fully handled once), neither add nor remove the finalizer (no handler needs it, the object
+    /// does not have it), have no transformations left over and no handover, and write nothing.
+    fn quiet_echo(&self, answer: &DynamicObject, memory: &ObjectMemory) -> bool {
+        let handlers = &self.handlers;
+        let plain = handlers.event.is_empty()
+            && handlers.index.is_empty()
+            && handlers.reconcile.is_empty()
+            && handlers.spawning.is_empty()
+            && !handlers.changing.iter().any(|h| h.requires_finalizer)
+            && self.extra_fields.is_empty()
+            && self.settings.shard.is_none();
+        let settled = memory.fully_handled_once
+            && memory.remaining.is_empty()
+            && memory.handover.is_none()
+            && memory.oversized_diff_base.is_none();
+        let finalizer = &self.settings.persistence.finalizer;
+        let alive = !finalizers::is_deletion_ongoing(answer)
+            && !finalizers::is_deletion_blocked(answer, finalizer);
+        plain && settled && alive
+    }
+
+    /// Whether the event of our own last write ([`Cycle::quiet_echo`]) brings an essence equal
+    /// to its diff-base (a no-op cause), compared in place.
+    pub fn echo_changes_nothing(&self, body: &DynamicObject) -> bool {
+        self.diffbase
+            .fetch(body)
+            .is_some_and(|base| self.diffbase.matches(body, &base))
     }
 
     /// The handover of an object the assigner asks back (sharding): no handler runs. Its daemons
@@ -1114,9 +1166,9 @@ impl Processor {
         body: &DynamicObject,
         patch: &Patch,
         memory: &mut ObjectMemory,
-    ) -> Result<(Written, Vec<String>), ProcessingError> {
+    ) -> Result<(Written, Vec<String>, Option<DynamicObject>), ProcessingError> {
         if patch.is_empty() {
-            return Ok((Written::Nothing, Vec::new()));
+            return Ok((Written::Nothing, Vec::new(), None));
         }
         let mut changes = patch.take();
         let mut merge = Value::Object(std::mem::take(&mut changes.merge));
@@ -1148,7 +1200,7 @@ impl Processor {
             (false, true, Some(rv)) => Written::Version(format!("{rv}~which~never~arrives")),
             (false, false, Some(rv)) => Written::Version(rv),
         };
-        Ok((written, applied.superseded))
+        Ok((written, applied.superseded, applied.body))
     }
 
     /// Touches the object (the touch annotation set to now) so that its next event starts a cycle

@@ -93,20 +93,14 @@ impl DiffBaseStorage {
         };
         let mut metadata = Map::new();
         if let Some(labels) = &body.metadata.labels {
-            // A sharded operator's own labels say which replica has the object, not what it is:
-            // a move between replicas is no change of the object.
-            let kept = labels.iter().filter(|(key, _)| {
-                !key.starts_with(SHARD_LABEL_PREFIX) && !key.starts_with(DRAIN_LABEL_PREFIX)
-            });
-            metadata.insert("labels".to_string(), string_map(kept));
+            metadata.insert("labels".to_string(), string_map(essential_labels(labels)));
         }
         if let Some(annotations) = &body.metadata.annotations {
             let mut ignored = marked_prefixes(annotations.keys().map(String::as_str));
             ignored.push(&self.keys.prefix);
-            let kept = annotations.iter().filter(|(key, _)| {
-                key.as_str() != KUBECTL_LAST_APPLIED
-                    && !ignored.iter().any(|prefix| is_under(key, prefix))
-            });
+            let kept = annotations
+                .iter()
+                .filter(|(key, _)| essential_annotation(key, &ignored));
             metadata.insert("annotations".to_string(), string_map(kept));
         }
         if !metadata.is_empty() {
@@ -138,6 +132,64 @@ impl DiffBaseStorage {
         remove_empty_stanzas(&mut essence);
 
         essence
+    }
+
+    /// Whether `essence` is the essence of `body` ([`essence`](Self::essence) without extra
+    /// fields), compared in place: nothing is copied. For the event of the operator's own last
+    /// write, whose essence is nearly always the diff-base it just stored: the check that the
+    /// write (and whatever a mutating webhook or another writer added to it) changed nothing
+    /// that handlers see.
+    pub fn matches(&self, body: &DynamicObject, essence: &Value) -> bool {
+        let Value::Object(essence) = essence else {
+            return false;
+        };
+        let mut fields = 0;
+        if let Value::Object(data) = &body.data {
+            for (key, value) in data {
+                if matches!(key.as_str(), "apiVersion" | "kind" | "metadata" | "status") {
+                    continue;
+                }
+                if essence.get(key) != Some(value) {
+                    return false;
+                }
+                fields += 1;
+            }
+        }
+        let metadata = match essence.get("metadata") {
+            None => None,
+            Some(Value::Object(metadata)) => Some(metadata),
+            Some(_) => return false,
+        };
+        let stanza = |name: &str| match metadata.map(|m| m.get(name)) {
+            None | Some(None) => Some(None),
+            Some(Some(Value::Object(map))) => Some(Some(map)),
+            Some(Some(_)) => None,
+        };
+        let (Some(labels), Some(annotations)) = (stanza("labels"), stanza("annotations")) else {
+            return false;
+        };
+        let empty = BTreeMap::new();
+        let body_labels = body.metadata.labels.as_ref().unwrap_or(&empty);
+        if !same_strings(essential_labels(body_labels), labels) {
+            return false;
+        }
+        let body_annotations = body.metadata.annotations.as_ref().unwrap_or(&empty);
+        let mut ignored = marked_prefixes(body_annotations.keys().map(String::as_str));
+        ignored.push(&self.keys.prefix);
+        let own = self.keys.keys(&self.key);
+        let kept = body_annotations.iter().filter(|(key, _)| {
+            essential_annotation(key, &ignored) && !own.iter().any(|own| own == *key)
+        });
+        if !same_strings(kept, annotations) {
+            return false;
+        }
+        // Nothing else: the essence has metadata only for labels or annotations it keeps.
+        let stanzas = usize::from(labels.is_some()) + usize::from(annotations.is_some());
+        let metadata_fine = match metadata {
+            None => true,
+            Some(metadata) => stanzas > 0 && metadata.len() == stanzas,
+        };
+        metadata_fine && essence.len() == fields + usize::from(metadata.is_some())
     }
 
     /// The diff-base stored on the object (V2 key first, then V1), or `None` if there is none.
@@ -243,6 +295,39 @@ impl DiffBaseStorage {
         store_marker(&self.keys, Some(body), patch);
         Ok(())
     }
+}
+
+/// The labels that are part of the essence. A sharded operator's own labels say which replica
+/// has the object, not what it is: a move between replicas is no change of the object.
+fn essential_labels(labels: &BTreeMap<String, String>) -> impl Iterator<Item = (&String, &String)> {
+    labels.iter().filter(|(key, _)| {
+        !key.starts_with(SHARD_LABEL_PREFIX) && !key.starts_with(DRAIN_LABEL_PREFIX)
+    })
+}
+
+/// Whether an annotation is part of the essence: not kubectl's last applied configuration, nor
+/// under one of the `ignored` prefixes (Kopf-based operators' and our own).
+fn essential_annotation(key: &str, ignored: &[&str]) -> bool {
+    key != KUBECTL_LAST_APPLIED && !ignored.iter().any(|prefix| is_under(key, prefix))
+}
+
+/// Whether `entries` are exactly the string values of `stanza`; no stanza is no entries (the
+/// essence leaves empty labels and annotations out).
+fn same_strings<'a>(
+    entries: impl Iterator<Item = (&'a String, &'a String)>,
+    stanza: Option<&Map<String, Value>>,
+) -> bool {
+    let mut count = 0;
+    for (key, value) in entries {
+        let Some(Value::String(expected)) = stanza.and_then(|s| s.get(key)) else {
+            return false;
+        };
+        if expected != value {
+            return false;
+        }
+        count += 1;
+    }
+    count == stanza.map_or(0, Map::len)
 }
 
 /// Whether an annotation key is `<prefix>/...`, checked without forming `<prefix>/`.
@@ -411,6 +496,68 @@ mod tests {
 
     fn object(value: Value) -> DynamicObject {
         serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn an_essence_matches_exactly_the_bodies_whose_essence_it_is() {
+        let bodies = [
+            json!({"metadata": {"name": "n"}}),
+            json!({"metadata": {"name": "n"}, "spec": {"x": 1}}),
+            json!({"metadata": {"name": "n"}, "spec": {"x": 2}}),
+            json!({"metadata": {"name": "n"}, "spec": {"x": 1}, "data": null}),
+            json!({"metadata": {"name": "n"}, "spec": {"x": 1}, "status": {"s": 1}}),
+            json!({"metadata": {"name": "n", "labels": {}}, "spec": {"x": 1}}),
+            json!({"metadata": {"name": "n", "labels": {"a": "b"}}, "spec": {"x": 1}}),
+            json!({"metadata": {"name": "n", "labels": {"a": "c"}}, "spec": {"x": 1}}),
+            json!({"metadata": {"name": "n", "labels": {"a": "b", "shard.kactor.dev/op": "r1"}},
+                   "spec": {"x": 1}}),
+            json!({"metadata": {"name": "n", "annotations": {"example.com/x": "y"}},
+                   "spec": {"x": 1}}),
+            json!({"metadata": {"name": "n", "annotations": {"example.com/x": "z"}},
+                   "spec": {"x": 1}}),
+            json!({"metadata": {"name": "n", "annotations": {
+                       "kopf.zalando.org/last-handled-configuration": "{\"spec\":{\"x\":1}}\n",
+                       "last-handled-configuration": "{}",
+                       "kubectl.kubernetes.io/last-applied-configuration": "{}",
+                       "other.io/kopf-managed": "yes", "other.io/h": "1"}},
+                   "spec": {"x": 1}}),
+            json!({"metadata": {"name": "n", "labels": {"a": "b"},
+                                "annotations": {"example.com/x": "y"}},
+                   "spec": {"x": 1}}),
+        ];
+        let bodies: Vec<DynamicObject> = bodies.into_iter().map(object).collect();
+        let unprefixed = DiffBaseStorage {
+            keys: KeyForming {
+                prefix: String::new(),
+                v1: true,
+            },
+            ..DiffBaseStorage::default()
+        };
+        for storage in [DiffBaseStorage::default(), unprefixed] {
+            for (i, one) in bodies.iter().enumerate() {
+                let essence = storage.essence(one, &[]);
+                for (j, other) in bodies.iter().enumerate() {
+                    let same = storage.essence(other, &[]) == essence;
+                    assert_eq!(
+                        storage.matches(other, &essence),
+                        same,
+                        "body {j} against the essence of body {i} ({essence}), prefix {:?}",
+                        storage.keys.prefix
+                    );
+                }
+            }
+        }
+        // What is not an essence of ours matches nothing.
+        let storage = DiffBaseStorage::default();
+        for essence in [
+            json!(null),
+            json!({"spec": {"x": 1}, "status": {"s": 1}}),
+            json!({"spec": {"x": 1}, "metadata": {}}),
+            json!({"spec": {"x": 1}, "metadata": {"labels": "a"}}),
+            json!({"spec": {"x": 1}, "metadata": {"name": "n"}}),
+        ] {
+            assert!(!storage.matches(&bodies[1], &essence), "{essence}");
+        }
     }
 
     #[test]
