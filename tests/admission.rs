@@ -2,7 +2,8 @@
 //! server does not start, and one with `settings.admission.managed` keeps its configurations while
 //! it runs and withdraws them at exit. On the real kube-apiserver, which calls the webhooks (the
 //! emulator does not): a denial shown to the client with its message and code, a mutation on the
-//! stored object, and a warning printed by kubectl.
+//! stored object, a warning printed by kubectl, and a mutation of the operator's own write handled
+//! as an update.
 
 #[allow(dead_code)]
 #[path = "../crates/emulator/tests/common/mod.rs"]
@@ -146,10 +147,135 @@ async fn webhooks_started_before_their_crd_is_served_are_configured_once_it_is()
 /// The real API server calls the webhooks (the emulator does not call webhooks).
 mod apiserver_only {
     use super::*;
-    use kube::api::{DynamicObject, PostParams};
+    use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
+    use kube::ResourceExt;
+    use serde_json::json;
 
     fn widget(name: &str, size: i64) -> DynamicObject {
         serde_json::from_value(kactor::emulator::samples::widget(name, size)).unwrap()
+    }
+
+    const DIFF_BASE: &str = "kopf.zalando.org/last-handled-configuration";
+
+    /// A mutating webhook changes the operator's own write: the write that stores the diff-base
+    /// after the create handler also gets a label, in the same version. That version's event is
+    /// the echo of the operator's last write (the status patch follows in the same cycle), and a
+    /// cycle on a plain echo would find nothing to do, so the worker skips such echoes: but not
+    /// this one, whose essence is not its diff-base. The update handler runs, as in Kopf.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_webhooks_change_to_the_operators_own_write_is_handled_as_an_update() {
+        let (cluster, widgets) = cluster_with_widgets().await;
+        assert!(
+            cluster.emulator().is_none(),
+            "the emulator calls no webhooks"
+        );
+        let runs: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+        let (created, updated) = (runs.clone(), runs.clone());
+        let stamping = operator(&cluster)
+            .settings(|s| {
+                s.admission.server = Some(WebhookServer {
+                    addr: "127.0.0.1".parse().unwrap(),
+                    host: "127.0.0.1".into(),
+                    ..WebhookServer::default()
+                });
+                s.admission.managed = Some("echo.kactor.test".into());
+            })
+            .on_mutate(
+                WIDGETS,
+                Admission::id("stamp").operations([Operation::Update]),
+                |ctx: Arc<AdmissionCtx>| async move {
+                    // The write that first stores a diff-base: the operator's own.
+                    let had = ctx
+                        .old
+                        .as_ref()
+                        .is_some_and(|old| old.annotations().contains_key(DIFF_BASE));
+                    if !had && ctx.annotations().contains_key(DIFF_BASE) {
+                        ctx.patch().label("stamped", Some("yes"));
+                    }
+                    Ok(())
+                },
+            )
+            .on_create(WIDGETS, "create", move |ctx: Ctx| {
+                let runs = created.clone();
+                async move {
+                    runs.lock().unwrap().push(format!("{} create", ctx.name()));
+                    Ok(())
+                }
+            })
+            .on_update(WIDGETS, "update", move |ctx: Ctx| {
+                let runs = updated.clone();
+                async move {
+                    let stamped = ctx.labels().get("stamped").cloned().unwrap_or_default();
+                    runs.lock()
+                        .unwrap()
+                        .push(format!("{} update stamped={stamped}", ctx.name()));
+                    Ok(())
+                }
+            });
+        let running = spawn(stamping);
+        // Effective once a dry run of such a write comes back stamped.
+        widgets
+            .create(&PostParams::default(), &widget("probe", 1))
+            .await
+            .unwrap();
+        let dry = PatchParams {
+            dry_run: true,
+            ..PatchParams::default()
+        };
+        let probe = Patch::Merge(json!({"metadata": {"annotations": {DIFF_BASE: null}}}));
+        let stamp = Patch::Merge(json!({"metadata": {"annotations": {DIFF_BASE: "{}\n"}}}));
+        let deadline = tokio::time::Instant::now() + support::WAIT;
+        loop {
+            // Without the diff-base first (the operator may have stored it by now), then with it.
+            widgets
+                .patch("probe", &PatchParams::default(), &probe)
+                .await
+                .unwrap();
+            let tried = widgets.patch("probe", &dry, &stamp).await.unwrap();
+            if tried.labels().contains_key("stamped") {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the mutating webhook never took effect"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+
+        widgets
+            .create(&PostParams::default(), &widget("w1", 3))
+            .await
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + support::WAIT;
+        let w1 = |runs: &[String]| -> Vec<String> {
+            runs.iter()
+                .filter(|r| r.starts_with("w1 "))
+                .cloned()
+                .collect()
+        };
+        while w1(&runs.lock().unwrap()).len() < 2 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{:?}",
+                runs.lock().unwrap()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        // Quiet afterwards: the update's own write is not stamped again (the diff-base was there).
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        assert_eq!(
+            w1(&runs.lock().unwrap()),
+            ["w1 create", "w1 update stamped=yes"]
+        );
+        let stored = widgets.get("w1").await.unwrap();
+        assert_eq!(
+            stored.labels().get("stamped").map(String::as_str),
+            Some("yes")
+        );
+        let base: serde_json::Value =
+            serde_json::from_str(&stored.annotations()[DIFF_BASE]).unwrap();
+        assert_eq!(base["metadata"]["labels"]["stamped"], "yes", "{base}");
+        running.stop().await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -369,6 +495,4 @@ mod apiserver_only {
         std::fs::write(&path, widget.to_string()).unwrap();
         path.to_string_lossy().into_owned()
     }
-
-    use kube::ResourceExt;
 }
