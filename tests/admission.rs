@@ -157,21 +157,12 @@ mod apiserver_only {
 
     const DIFF_BASE: &str = "kopf.zalando.org/last-handled-configuration";
 
-    /// A mutating webhook changes the operator's own write: the write that stores the diff-base
-    /// after the create handler also gets a label, in the same version. That version's event is
-    /// the echo of the operator's last write (the status patch follows in the same cycle), and a
-    /// cycle on a plain echo would find nothing to do, so the worker skips such echoes: but not
-    /// this one, whose essence is not its diff-base. The update handler runs, as in Kopf.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_webhooks_change_to_the_operators_own_write_is_handled_as_an_update() {
-        let (cluster, widgets) = cluster_with_widgets().await;
-        assert!(
-            cluster.emulator().is_none(),
-            "the emulator calls no webhooks"
-        );
-        let runs: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    /// An operator with create and update handlers that record their runs in `runs`, and a
+    /// mutating webhook that labels a widget (`stamped: yes`) in the write that first stores its
+    /// diff-base: the operator's own.
+    fn stamping(cluster: &TestCluster, runs: &Arc<std::sync::Mutex<Vec<String>>>) -> Operator {
         let (created, updated) = (runs.clone(), runs.clone());
-        let stamping = operator(&cluster)
+        operator(cluster)
             .settings(|s| {
                 s.admission.server = Some(WebhookServer {
                     addr: "127.0.0.1".parse().unwrap(),
@@ -211,8 +202,23 @@ mod apiserver_only {
                         .push(format!("{} update stamped={stamped}", ctx.name()));
                     Ok(())
                 }
-            });
-        let running = spawn(stamping);
+            })
+    }
+
+    /// A mutating webhook changes the operator's own write: the write that stores the diff-base
+    /// after the create handler also gets a label, in the same version. That version's event is
+    /// the echo of the operator's last write (the status patch follows in the same cycle), and a
+    /// cycle on a plain echo would find nothing to do, so the worker skips such echoes: but not
+    /// this one, whose essence is not its diff-base. The update handler runs, as in Kopf.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_webhooks_change_to_the_operators_own_write_is_handled_as_an_update() {
+        let (cluster, widgets) = cluster_with_widgets().await;
+        assert!(
+            cluster.emulator().is_none(),
+            "the emulator calls no webhooks"
+        );
+        let runs: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+        let running = spawn(stamping(&cluster, &runs));
         // Effective once a dry run of such a write comes back stamped.
         widgets
             .create(&PostParams::default(), &widget("probe", 1))
