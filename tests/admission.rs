@@ -157,6 +157,23 @@ mod apiserver_only {
 
     const DIFF_BASE: &str = "kopf.zalando.org/last-handled-configuration";
 
+    /// Tries (a dry run, say) until the object it gives back carries `label`: the mutating
+    /// webhook's configuration took effect.
+    async fn until_mutated<F, Fut>(label: &str, mut attempt: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = DynamicObject>,
+    {
+        let deadline = tokio::time::Instant::now() + support::WAIT;
+        while !attempt().await.labels().contains_key(label) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the mutating webhook never took effect"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
     /// An operator with create and update handlers that record their runs in `runs`, and a
     /// mutating webhook that labels a widget (`stamped: yes`) in the write that first stores its
     /// diff-base: the operator's own.
@@ -230,23 +247,15 @@ mod apiserver_only {
         };
         let probe = Patch::Merge(json!({"metadata": {"annotations": {DIFF_BASE: null}}}));
         let stamp = Patch::Merge(json!({"metadata": {"annotations": {DIFF_BASE: "{}\n"}}}));
-        let deadline = tokio::time::Instant::now() + support::WAIT;
-        loop {
+        until_mutated("stamped", || async {
             // Without the diff-base first (the operator may have stored it by now), then with it.
             widgets
                 .patch("probe", &PatchParams::default(), &probe)
                 .await
                 .unwrap();
-            let tried = widgets.patch("probe", &dry, &stamp).await.unwrap();
-            if tried.labels().contains_key("stamped") {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the mutating webhook never took effect"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
+            widgets.patch("probe", &dry, &stamp).await.unwrap()
+        })
+        .await;
 
         widgets
             .create(&PostParams::default(), &widget("w1", 3))
@@ -316,17 +325,10 @@ mod apiserver_only {
         assert!(widgets.get_opt("probe").await.unwrap().is_none());
         // The mutating configuration is written after the validating one: dry runs until an
         // allowed object comes back mutated too.
-        loop {
-            let tried = widgets.create(&dry, &widget("probe", 3)).await.unwrap();
-            if tried.labels().contains_key("admitted-by") {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the mutating webhook never took effect"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
+        until_mutated("admitted-by", || async {
+            widgets.create(&dry, &widget("probe", 3)).await.unwrap()
+        })
+        .await;
 
         // Allowed and mutated: the stored object carries the mutation.
         let made = widgets
