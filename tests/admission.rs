@@ -26,18 +26,24 @@ const MANAGED: &str = "auto.kactor.test";
 /// The widgets, named exactly (group, version, plural): a resource that may be served later.
 const WIDGETS: (&str, &str, &str) = ("example.com", "v1", "widgets");
 
+/// An operator serving its admission webhooks on 127.0.0.1, their configurations managed under
+/// the name `managed`.
+fn serving_webhooks(cluster: &TestCluster, managed: &str) -> Operator {
+    let managed = managed.to_string();
+    operator(cluster).settings(move |s| {
+        s.admission.server = Some(WebhookServer {
+            addr: "127.0.0.1".parse().unwrap(),
+            host: "127.0.0.1".into(),
+            ..WebhookServer::default()
+        });
+        s.admission.managed = Some(managed);
+    })
+}
+
 /// An operator validating widgets' sizes (over 10 is denied with 400, over 5 warned about) and
 /// labelling every new widget, served on 127.0.0.1, its configurations managed.
 fn admitting(cluster: &TestCluster) -> Operator {
-    operator(cluster)
-        .settings(|s| {
-            s.admission.server = Some(WebhookServer {
-                addr: "127.0.0.1".parse().unwrap(),
-                host: "127.0.0.1".into(),
-                ..WebhookServer::default()
-            });
-            s.admission.managed = Some(MANAGED.into());
-        })
+    serving_webhooks(cluster, MANAGED)
         .on_validate(
             WIDGETS,
             Admission::id("check-size").operations([Operation::Create, Operation::Update]),
@@ -179,15 +185,7 @@ mod apiserver_only {
     /// diff-base: the operator's own.
     fn stamping(cluster: &TestCluster, runs: &Arc<std::sync::Mutex<Vec<String>>>) -> Operator {
         let (created, updated) = (runs.clone(), runs.clone());
-        operator(cluster)
-            .settings(|s| {
-                s.admission.server = Some(WebhookServer {
-                    addr: "127.0.0.1".parse().unwrap(),
-                    host: "127.0.0.1".into(),
-                    ..WebhookServer::default()
-                });
-                s.admission.managed = Some("echo.kactor.test".into());
-            })
+        serving_webhooks(cluster, "echo.kactor.test")
             .on_mutate(
                 WIDGETS,
                 Admission::id("stamp").operations([Operation::Update]),
