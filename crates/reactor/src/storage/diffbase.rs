@@ -198,16 +198,22 @@ impl DiffBaseStorage {
     /// warning and treated as absent (then the object is handled as if new, i.e. created); Kopf
     /// would fail the processing of the object instead, for good.
     pub fn fetch(&self, body: &DynamicObject) -> Option<Value> {
-        self.fetch_named(body, &self.key)
+        self.fetch_named(body, &self.key, true)
+    }
+
+    /// The diff-base as [`fetch`](Self::fetch) reads it, without the warning for an unreadable
+    /// one: for a check whose "no" runs the cycle that warns.
+    pub fn fetch_quietly(&self, body: &DynamicObject) -> Option<Value> {
+        self.fetch_named(body, &self.key, false)
     }
 
     /// The essence a cause that spans several cycles started from ([`CAUSE_BASE_KEY`]), when a
     /// cycle before this one stored it; read as the diff-base is.
     pub fn fetch_cause_base(&self, body: &DynamicObject) -> Option<Value> {
-        self.fetch_named(body, CAUSE_BASE_KEY)
+        self.fetch_named(body, CAUSE_BASE_KEY, true)
     }
 
-    fn fetch_named(&self, body: &DynamicObject, name: &str) -> Option<Value> {
+    fn fetch_named(&self, body: &DynamicObject, name: &str, warn: bool) -> Option<Value> {
         let annotations = body.metadata.annotations.as_ref()?;
         for key in self.keys.each(name) {
             let Some(text) = annotations.get(&key) else {
@@ -219,10 +225,12 @@ impl DiffBaseStorage {
                 Ok(_) => "it is not a JSON object".to_string(),
                 Err(error) => format!("it is not valid JSON: {error}"),
             };
-            tracing::warn!(
-                key = %key,
-                "Ignoring the unreadable essence in the annotation {key} ({problem}); it is treated as absent."
-            );
+            if warn {
+                tracing::warn!(
+                    key = %key,
+                    "Ignoring the unreadable essence in the annotation {key} ({problem}); it is treated as absent."
+                );
+            }
         }
         None
     }
@@ -695,5 +703,24 @@ mod tests {
         let body = object(json!({"apiVersion": "v1", "kind": "Thing", "metadata": {
             "name": "n", "annotations": {"kopf.zalando.org/last-handled-configuration": "[1]"}}}));
         assert_eq!(DiffBaseStorage::default().fetch(&body), None);
+        assert_eq!(DiffBaseStorage::default().fetch_quietly(&body), None);
+    }
+
+    #[test]
+    fn fetching_quietly_reads_as_fetching_does() {
+        let storage = DiffBaseStorage::default();
+        for annotations in [
+            json!({}),
+            json!({"kopf.zalando.org/last-handled-configuration": "{\"spec\":{\"x\":1}}\n"}),
+            json!({"kopf.zalando.org/last-handled-configuration": "null"}),
+            json!({"kopf.zalando.org/last-handled-configuration": "{not json"}),
+        ] {
+            let body = object(json!({"metadata": {"name": "n", "annotations": annotations}}));
+            assert_eq!(
+                storage.fetch_quietly(&body),
+                storage.fetch(&body),
+                "{annotations}"
+            );
+        }
     }
 }
