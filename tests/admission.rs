@@ -157,6 +157,14 @@ mod apiserver_only {
     use kube::ResourceExt;
     use serde_json::json;
 
+    /// These tests need a server that calls webhooks.
+    fn webhooks_are_called(cluster: &TestCluster) {
+        assert!(
+            cluster.emulator().is_none(),
+            "run on the real kube-apiserver (KACTOR_TEST_CLUSTER=apiserver): the emulator calls no webhooks"
+        );
+    }
+
     fn widget(name: &str, size: i64) -> DynamicObject {
         serde_json::from_value(kactor::emulator::samples::widget(name, size)).unwrap()
     }
@@ -228,10 +236,7 @@ mod apiserver_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_webhooks_change_to_the_operators_own_write_is_handled_as_an_update() {
         let (cluster, widgets) = cluster_with_widgets().await;
-        assert!(
-            cluster.emulator().is_none(),
-            "the emulator calls no webhooks"
-        );
+        webhooks_are_called(&cluster);
         let runs: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
         let running = spawn(stamping(&cluster, &runs));
         // Effective once a dry run of such a write comes back stamped.
@@ -295,10 +300,7 @@ mod apiserver_only {
     async fn the_api_server_asks_the_operators_webhooks() {
         const TEST: &str = "the_api_server_asks_the_operators_webhooks";
         let (cluster, widgets) = cluster_with_widgets().await;
-        assert!(
-            cluster.emulator().is_none(),
-            "run on the real kube-apiserver (KACTOR_TEST_CLUSTER=apiserver): the emulator calls no webhooks"
-        );
+        webhooks_are_called(&cluster);
         let running = spawn(admitting(&cluster));
         // The configuration takes effect once the API server has seen it: dry runs until denied.
         let dry = PostParams {
@@ -387,10 +389,7 @@ mod apiserver_only {
         use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
         use kube::api::ApiResource;
         let (cluster, _) = cluster_with_widgets().await;
-        assert!(
-            cluster.emulator().is_none(),
-            "the emulator calls no webhooks"
-        );
+        webhooks_are_called(&cluster);
         let crds: Api<CustomResourceDefinition> = Api::all(cluster.client());
         crds.create(
             &PostParams::default(),

@@ -728,7 +728,7 @@ impl Processor {
         let (written, superseded, answer) = self.apply_patch(&event.body, &patch, memory).await?;
         let quiet_echo = match (&written, &changing, answer) {
             (Written::Version(_), Changing::Ran { delays }, Some(answer)) => {
-                delays.is_empty() && !object.deletion_ongoing && self.quiet_echo(&answer, memory)
+                delays.is_empty() && self.quiet_echo(&answer, memory)
             }
             _ => false,
         };
