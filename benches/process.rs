@@ -38,6 +38,13 @@
 //!   has not fallen for as long, at most a minute); and the steady RSS per object beyond the empty
 //!   process's.
 //!
+//! Each contender runs three rounds at each size up to 10,000 objects (`KACTOR_BENCH_REPEAT`; one in
+//! the quick run), the contenders alternating within a round so that a slow spell of the machine
+//! falls on all of them; a row is the contender's median round (by time), with the range of its
+//! rounds' seconds and CPU seconds beneath it. Larger sizes run one round: each takes minutes, and
+//! their figures are the scaling, the memory and the restart. The empty RSS is read in the first
+//! round.
+//!
 //! Then, at the largest size, kactor's restart: the operator is killed (SIGKILL) and started again
 //! over the handled objects; printed are the seconds until `/readyz` answers (every object listed)
 //! and until every object was checked (`kactor_events_received_total` reached the count and the
@@ -422,13 +429,23 @@ struct Plan {
     idle: Duration,
 }
 
-async fn measure(plan: &Plan, contender: Contender, objects: usize, restart: bool) -> Figures {
+/// One round of `contender` over `objects`; `empty_rss` is the empty process's RSS when an earlier
+/// round read it.
+async fn measure(
+    plan: &Plan,
+    contender: Contender,
+    objects: usize,
+    empty_rss: Option<u64>,
+    restart: bool,
+) -> Figures {
     let setup = setup(&plan.dir, objects).await;
     let python = plan.python.as_deref();
 
     // The process with nothing to do (the bare loop's would have done nothing; not under a
     // profiler, whose wrapper a kill would not stop).
-    let empty_rss = if contender == Contender::Bare || profiled() {
+    let empty_rss = if let Some(rss) = empty_rss {
+        rss
+    } else if contender == Contender::Bare || profiled() {
         0
     } else {
         let empty = Running::start(contender, &setup.kubeconfig, python);
@@ -549,7 +566,30 @@ fn mib(bytes: u64) -> String {
     format!("{:.1}", bytes as f64 / 1048576.0)
 }
 
-fn print_table(all: &[Figures]) {
+/// A contender's median round at one size (by time), and the range of its rounds' seconds and CPU
+/// seconds.
+struct Summary {
+    median: Figures,
+    rounds: usize,
+    seconds: (f64, f64),
+    cpu: (f64, f64),
+}
+
+fn summarize(mut rounds: Vec<Figures>) -> Summary {
+    let (_, low, high) = support::median_by(&rounds, |f| f.elapsed.as_secs_f64());
+    let (_, cpu_low, cpu_high) = support::median_by(&rounds, |f| f.cpu);
+    let count = rounds.len();
+    rounds.sort_by_key(|f| f.elapsed);
+    let median = rounds.swap_remove((count - 1) / 2);
+    Summary {
+        median,
+        rounds: count,
+        seconds: (low, high),
+        cpu: (cpu_low, cpu_high),
+    }
+}
+
+fn print_table(summaries: &[Summary]) {
     println!();
     println!(
         "{:>7} {:<24} {:>8} {:>9} {:>7} {:>7} {:>9} {:>9} {:>10} {:>9} {:>7}",
@@ -565,9 +605,11 @@ fn print_table(all: &[Figures]) {
         "B/object",
         "re-runs"
     );
-    for figures in all {
-        let floor = all
+    for summary in summaries {
+        let figures = &summary.median;
+        let floor = summaries
             .iter()
+            .map(|s| &s.median)
             .find(|f| f.objects == figures.objects && f.contender == Contender::Bare)
             .map_or(figures.elapsed, |f| f.elapsed);
         let per_object = figures.steady_rss.map_or("-".to_string(), |steady| {
@@ -590,12 +632,26 @@ fn print_table(all: &[Figures]) {
             per_object,
             figures.reruns,
         );
+        if summary.rounds > 1 {
+            println!(
+                "{:>7} {:<24} {} rounds: {:.2}-{:.2} s, {:.2}-{:.2} CPU s",
+                "",
+                "",
+                summary.rounds,
+                summary.seconds.0,
+                summary.seconds.1,
+                summary.cpu.0,
+                summary.cpu.1
+            );
+        }
     }
 }
 
-fn print_aims(all: &[Figures]) {
+fn print_aims(summaries: &[Summary]) {
+    let all: Vec<&Figures> = summaries.iter().map(|s| &s.median).collect();
     let find = |contender: Contender, objects: usize| {
         all.iter()
+            .copied()
             .find(|f| f.contender == contender && f.objects == objects)
     };
     let rate = |f: &Figures| f.objects as f64 / f.elapsed.as_secs_f64();
@@ -700,11 +756,27 @@ async fn bench() {
         if let Ok(only) = std::env::var("KACTOR_BENCH_ONLY") {
             contenders.retain(|contender| contender.to_string() == only);
         }
-        for contender in contenders {
-            let restart =
-                contender == Contender::Kactor && objects == largest && measuring && !profiled();
-            all.push(measure(&plan, contender, objects, restart).await);
+        let rounds = if objects <= KOPF_LIMIT {
+            support::repeats()
+        } else {
+            1
+        };
+        let mut figures: Vec<Vec<Figures>> = contenders.iter().map(|_| Vec::new()).collect();
+        for round in 0..rounds {
+            if rounds > 1 {
+                println!("{objects} objects, round {} of {rounds}", round + 1);
+            }
+            for (&contender, figures) in contenders.iter().zip(&mut figures) {
+                let restart = contender == Contender::Kactor
+                    && objects == largest
+                    && round + 1 == rounds
+                    && measuring
+                    && !profiled();
+                let empty_rss = figures.first().map(|f| f.empty_rss);
+                figures.push(measure(&plan, contender, objects, empty_rss, restart).await);
+            }
         }
+        all.extend(figures.into_iter().map(summarize));
     }
     print_table(&all);
     print_aims(&all);
