@@ -693,10 +693,19 @@ fn print_aims(summaries: &[Summary]) {
         if let Some(steady) = largest.steady_rss {
             let per_object =
                 steady.saturating_sub(largest.empty_rss) as f64 / largest.objects as f64;
+            // The aim is set at 100,000 objects: below, the empty process's memory beyond the
+            // one measured before any object (the client's pools, the caches' first pages) is a
+            // larger share of each object's.
+            let verdict = if largest.objects < 100_000 {
+                "the aim is judged at 100,000 objects"
+            } else if per_object < 2048.0 {
+                "met"
+            } else {
+                "NOT met"
+            };
             println!(
-                "kactor steady RSS per object at {} objects: {per_object:.0} B (aim under 2 KiB): {}",
+                "kactor steady RSS per object at {} objects: {per_object:.0} B (aim under 2 KiB at 100,000): {verdict}",
                 largest.objects,
-                if per_object < 2048.0 { "met" } else { "NOT met" }
             );
         }
     }
