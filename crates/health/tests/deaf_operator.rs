@@ -81,6 +81,7 @@ mod emulator_only {
         };
         let networking = Networking {
             error_backoffs: vec![Duration::from_millis(10); 3],
+            ..Default::default()
         };
         let mut watcher = Watcher::new(api, "widgets", watching, networking);
         let _entry = board.register("widgets.v1.example.com in default", watcher.status());

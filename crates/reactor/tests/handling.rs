@@ -354,6 +354,127 @@ mod emulator_only {
         assert!(seen.take().is_empty());
     }
 
+    /// A client over the emulator's that holds every PATCH for 50 ms (virtual) and records how
+    /// many were in flight at most.
+    #[derive(Clone)]
+    struct HoldingPatches {
+        inner: kube::Client,
+        now: Arc<std::sync::atomic::AtomicUsize>,
+        most: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl tower_service::Service<http::Request<kube::client::Body>> for HoldingPatches {
+        type Response = http::Response<kube::client::Body>;
+        type Error = kube::Error;
+        type Future = futures::future::BoxFuture<'static, Result<Self::Response, kube::Error>>;
+
+        fn poll_ready(
+            &mut self,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), kube::Error>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
+            use std::sync::atomic::Ordering::SeqCst;
+            let this = self.clone();
+            Box::pin(async move {
+                let patch = request.method() == http::Method::PATCH;
+                if patch {
+                    let now = this.now.fetch_add(1, SeqCst) + 1;
+                    this.most.fetch_max(now, SeqCst);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                let response = this.inner.send(request).await;
+                if patch {
+                    this.now.fetch_sub(1, SeqCst);
+                }
+                response
+            })
+        }
+    }
+
+    /// The most writes in flight at once while six new widgets are handled together by one
+    /// processor with these settings (and 4 handler slots), once each has its result.
+    async fn most_writes_in_flight(settings: Settings) -> usize {
+        let seen = Seen::default();
+        let handling = Handling::new(vec![create(&seen)]).await;
+        let holding = HoldingPatches {
+            inner: (*handling.parts.2).clone(),
+            now: Arc::default(),
+            most: Arc::default(),
+        };
+        let client = kube::Client::new(holding.clone(), "default");
+        let parts = (
+            handling.parts.0.clone(),
+            handling.parts.1.clone(),
+            Arc::new(client),
+        );
+        let processor = processor_of(&parts, settings);
+        let names: Vec<String> = (1..=6).map(|n| format!("w{n}")).collect();
+        let mut bodies = Vec::new();
+        for name in &names {
+            let body = serde_json::from_value(samples::widget(name, 1)).unwrap();
+            bodies.push(
+                handling
+                    .widgets
+                    .create(&PostParams::default(), &body)
+                    .await
+                    .unwrap(),
+            );
+        }
+        let cycles = bodies.into_iter().map(|body| {
+            let processor = &processor;
+            async move {
+                let event = Event {
+                    event_type: EventType::Added,
+                    body: Arc::new(body),
+                    memo: Memo::default(),
+                    received: Instant::now(),
+                    consistent: true,
+                    daemons: None,
+                    synthetic: false,
+                    triggers: Triggers::default(),
+                    departing: None,
+                };
+                let mut memory = ObjectMemory::default();
+                processor.process(event, &mut memory).await.unwrap()
+            }
+        });
+        for cycle in futures::future::join_all(cycles).await {
+            assert!(
+                matches!(cycle.written, Written::Version(_)),
+                "each cycle wrote its result"
+            );
+        }
+        for name in &names {
+            let object = handling.widgets.get(name).await.unwrap();
+            assert_eq!(
+                object.data["status"]["create_fn"],
+                json!({"size": 1}),
+                "{name} carries its result"
+            );
+        }
+        assert_eq!(seen.take().len(), 6, "one run per widget");
+        holding.most.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// `networking.max_concurrent_writes` bounds a processor's writes in flight below the
+    /// handlers' limit; 0 leaves only the handlers' limit, which bounds them too.
+    #[tokio::test(start_paused = true)]
+    async fn a_processors_writes_in_flight_are_bounded_by_its_own_limit() {
+        let mut settings = Settings::default();
+        settings.networking.max_concurrent_writes = 2;
+        assert_eq!(most_writes_in_flight(settings).await, 2);
+        let mut settings = Settings::default();
+        settings.networking.max_concurrent_writes = 0;
+        assert_eq!(
+            most_writes_in_flight(settings).await,
+            4,
+            "the handlers' 4 slots, which writes share"
+        );
+    }
+
     /// The echo of our own last write (its event, the object as that write left it, or changed
     /// in the same version by someone else): the worker skips it when the cycle that wrote it said
     /// it would be quiet and the echo's essence matches, so a quiet echo must be exactly one whose

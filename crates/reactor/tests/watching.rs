@@ -21,6 +21,7 @@ fn quick() -> (Watching, Networking) {
     };
     let networking = Networking {
         error_backoffs: vec![Duration::from_millis(10); 3],
+        ..Default::default()
     };
     (watching, networking)
 }

@@ -125,6 +125,9 @@ pub struct Processor {
     pub poster: EventPoster,
     /// The global limit of concurrently running handlers.
     pub limiter: Arc<Semaphore>,
+    /// This processor's limit of its cycles' writes in flight
+    /// ([`Networking::max_concurrent_writes`](crate::structs::settings::Networking::max_concurrent_writes)).
+    writes: Option<Semaphore>,
     /// Where handler runs are counted (metrics).
     pub observer: Arc<dyn Observer>,
     /// The resource as metrics label it (kubectl's form).
@@ -583,6 +586,8 @@ impl Processor {
             ..DiffBaseStorage::default()
         };
         let extra_fields = handlers.extra_fields();
+        let writes = settings.networking.max_concurrent_writes;
+        let writes = (writes > 0).then(|| Semaphore::new(writes));
         Processor {
             observer: Arc::new(NoObserver),
             label: Arc::from(resource.to_string()),
@@ -592,6 +597,7 @@ impl Processor {
             client,
             poster,
             limiter,
+            writes,
             progress,
             diffbase,
             extra_fields,
@@ -810,6 +816,7 @@ impl Processor {
         }
         let unsent = memory.handover.as_mut().and_then(|h| h.unsent.take());
         let backoffs = &self.settings.networking.error_backoffs;
+        let _write = self.write_slot().await;
         let _permit = self.limiter.acquire().await;
         if let Some(unsent) = unsent {
             let changes = patches::Changes {
@@ -1217,14 +1224,26 @@ impl Processor {
         Ok(applied.resource_version)
     }
 
+    /// A place for one of this processor's writes, while there is a limit
+    /// ([`Networking::max_concurrent_writes`](crate::structs::settings::Networking::max_concurrent_writes));
+    /// taken before a place of the handlers' limit, which a write holds only while it is sent.
+    async fn write_slot(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        match &self.writes {
+            Some(writes) => writes.acquire().await.ok(),
+            None => None,
+        }
+    }
+
     /// Sends changes to the object ([`patches::apply`], with the operator's retries). Patches share
-    /// the handlers' limit: a listing of thousands of objects must not open thousands of
-    /// connections to the API server at once.
+    /// the handlers' limit, and have one of their own per processor (`max_concurrent_writes`): a
+    /// listing of thousands of objects must not open thousands of connections to the API server at
+    /// once, nor hundreds.
     async fn send(
         &self,
         body: &DynamicObject,
         changes: patches::Changes,
     ) -> Result<patches::Applied, ProcessingError> {
+        let _write = self.write_slot().await;
         let _permit = self.limiter.acquire().await;
         let fence = self.settings.shard.as_ref().map(|shard| Fence {
             shard,

@@ -177,6 +177,15 @@ pub struct Networking {
     /// The delays between retries of a failing API request (5xx, 429, 403 during upgrades); when
     /// they run out, the failure is reported (Kopf: 1, 1, 2, 3, 5, 8, 13, 21 s).
     pub error_backoffs: Vec<Duration>,
+    /// At most this many of the operator's own writes to a resource's objects (the patches of its
+    /// processing cycles: progress, results, the diff-base, finalizers) are in flight at once per
+    /// object thread, or in all when there are none (kactor; Kopf has no limit). They share
+    /// [`max_concurrent_handlers`](Execution::max_concurrent_handlers) too. Over HTTP/1.1 each
+    /// write in flight holds a connection of its own: a burst with hundreds in flight makes the
+    /// operator and the server juggle hundreds of connections, which costs both CPU and makes
+    /// neither faster. Handlers' own requests and the watch streams are not counted. 0: no limit
+    /// of its own. Default 32.
+    pub max_concurrent_writes: usize,
 }
 
 impl Default for Networking {
@@ -186,6 +195,7 @@ impl Default for Networking {
                 .into_iter()
                 .map(Duration::from_secs)
                 .collect(),
+            max_concurrent_writes: 32,
         }
     }
 }
