@@ -246,15 +246,9 @@ mod emulator_only {
             daemons: Option<DaemonsView>,
         ) -> Result<Cycle, ProcessingError> {
             let event = Event {
-                event_type,
-                body: Arc::new(body),
-                memo: Memo::default(),
-                received: Instant::now(),
                 consistent,
                 daemons,
-                synthetic: false,
-                triggers: Triggers::default(),
-                departing: None,
+                ..arriving(event_type, body)
             };
             self.processor.process(event, &mut self.memory).await
         }
@@ -275,6 +269,21 @@ mod emulator_only {
         )
         // A whole second: the stored timestamps (microseconds) are exact.
         .with_clock(Clock::tokio(Timestamp::from_second(1_800_000_000).unwrap()))
+    }
+
+    /// The event a watch brings with `body`: consistent, with no daemons, triggers or departure.
+    fn arriving(event_type: EventType, body: DynamicObject) -> Event {
+        Event {
+            event_type,
+            body: Arc::new(body),
+            memo: Memo::default(),
+            received: Instant::now(),
+            consistent: true,
+            daemons: None,
+            synthetic: false,
+            triggers: Triggers::default(),
+            departing: None,
+        }
     }
 
     /// A view of the object's daemons (still running if `blocking`) that records each decision.
@@ -426,18 +435,8 @@ mod emulator_only {
         let cycles = bodies.into_iter().map(|body| {
             let processor = &processor;
             async move {
-                let event = Event {
-                    event_type: EventType::Added,
-                    body: Arc::new(body),
-                    memo: Memo::default(),
-                    received: Instant::now(),
-                    consistent: true,
-                    daemons: None,
-                    synthetic: false,
-                    triggers: Triggers::default(),
-                    departing: None,
-                };
                 let mut memory = ObjectMemory::default();
+                let event = arriving(EventType::Added, body);
                 processor.process(event, &mut memory).await.unwrap()
             }
         });
@@ -1175,15 +1174,8 @@ mod emulator_only {
         let departing = Arc::new(kactor_reactor::sharding::Leaving::default());
         departing.set(true);
         let event = Event {
-            event_type: EventType::Added,
-            body: Arc::new(body),
-            memo: Memo::default(),
-            received: Instant::now(),
-            consistent: true,
-            daemons: None,
-            synthetic: false,
-            triggers: Triggers::default(),
             departing: Some(departing.clone()),
+            ..arriving(EventType::Added, body)
         };
         handling
             .processor
@@ -1213,15 +1205,8 @@ mod emulator_only {
         let slots = handling.take_every_slot().await;
         let leaving = Arc::new(kactor_reactor::sharding::Leaving::default());
         let event = Event {
-            event_type: EventType::Added,
-            body: Arc::new(body),
-            memo: Memo::default(),
-            received: Instant::now(),
-            consistent: true,
-            daemons: None,
-            synthetic: false,
-            triggers: Triggers::default(),
             departing: Some(leaving.clone()),
+            ..arriving(EventType::Added, body)
         };
         let started = Instant::now();
         let (cycle, ()) = tokio::join!(
@@ -1530,15 +1515,9 @@ mod emulator_only {
         async fn triggered(&mut self, triggers: Triggers) -> Cycle {
             let body = self.get().await.expect("the object exists");
             let event = Event {
-                event_type: EventType::Modified,
-                body: Arc::new(body),
-                memo: Memo::default(),
-                received: Instant::now(),
-                consistent: true,
-                daemons: None,
                 synthetic: true,
                 triggers,
-                departing: None,
+                ..arriving(EventType::Modified, body)
             };
             self.processor
                 .process(event, &mut self.memory)

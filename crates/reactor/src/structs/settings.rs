@@ -182,9 +182,9 @@ pub struct Networking {
     /// object thread, or in all when there are none (kactor; Kopf has no limit). They share
     /// [`max_concurrent_handlers`](Execution::max_concurrent_handlers) too. Over HTTP/1.1 each
     /// write in flight holds a connection of its own: a burst with hundreds in flight makes the
-    /// operator and the server juggle hundreds of connections, which costs both CPU and makes
-    /// neither faster. Handlers' own requests and the watch streams are not counted. 0: no limit
-    /// of its own. Default 32.
+    /// operator and the server juggle hundreds of connections, which costs both of them CPU and
+    /// makes neither faster. Handlers' own requests and the watch streams are not counted. 0: no
+    /// limit of its own. Default 32.
     pub max_concurrent_writes: usize,
 }
 
