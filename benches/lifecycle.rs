@@ -293,21 +293,10 @@ async fn measure(contender: Contender, objects: usize) -> Figures {
     }
 }
 
-/// A contender's median round (by time), and the range of its rounds' seconds and CPU seconds.
-struct Summary<'a> {
-    median: &'a Figures,
-    seconds: (f64, f64),
-    cpu: (f64, f64),
-}
+type Summary<'a> = support::Summary<'a, Figures>;
 
 fn summarize(rounds: &[Figures]) -> Summary<'_> {
-    let (median, low, high) = support::median_by(rounds, |f| f.elapsed.as_secs_f64());
-    let (_, cpu_low, cpu_high) = support::median_by(rounds, |f| f.cpu);
-    Summary {
-        median,
-        seconds: (low, high),
-        cpu: (cpu_low, cpu_high),
-    }
+    support::summarize(rounds, |f| f.elapsed.as_secs_f64(), |f| f.cpu)
 }
 
 fn print_row(summary: &Summary, floor: Duration, objects: usize) {

@@ -566,27 +566,10 @@ fn mib(bytes: u64) -> String {
     format!("{:.1}", bytes as f64 / 1048576.0)
 }
 
-/// A contender's median round at one size (by time), and the range of its rounds' seconds and CPU
-/// seconds.
-struct Summary {
-    median: Figures,
-    rounds: usize,
-    seconds: (f64, f64),
-    cpu: (f64, f64),
-}
+type Summary<'a> = support::Summary<'a, Figures>;
 
-fn summarize(mut rounds: Vec<Figures>) -> Summary {
-    let (_, low, high) = support::median_by(&rounds, |f| f.elapsed.as_secs_f64());
-    let (_, cpu_low, cpu_high) = support::median_by(&rounds, |f| f.cpu);
-    let count = rounds.len();
-    rounds.sort_by_key(|f| f.elapsed);
-    let median = rounds.swap_remove((count - 1) / 2);
-    Summary {
-        median,
-        rounds: count,
-        seconds: (low, high),
-        cpu: (cpu_low, cpu_high),
-    }
+fn summarize(rounds: &[Figures]) -> Summary<'_> {
+    support::summarize(rounds, |f| f.elapsed.as_secs_f64(), |f| f.cpu)
 }
 
 fn print_table(summaries: &[Summary]) {
@@ -606,10 +589,10 @@ fn print_table(summaries: &[Summary]) {
         "re-runs"
     );
     for summary in summaries {
-        let figures = &summary.median;
+        let figures = summary.median;
         let floor = summaries
             .iter()
-            .map(|s| &s.median)
+            .map(|s| s.median)
             .find(|f| f.objects == figures.objects && f.contender == Contender::Bare)
             .map_or(figures.elapsed, |f| f.elapsed);
         let per_object = figures.steady_rss.map_or("-".to_string(), |steady| {
@@ -648,7 +631,7 @@ fn print_table(summaries: &[Summary]) {
 }
 
 fn print_aims(summaries: &[Summary]) {
-    let all: Vec<&Figures> = summaries.iter().map(|s| &s.median).collect();
+    let all: Vec<&Figures> = summaries.iter().map(|s| s.median).collect();
     let find = |contender: Contender, objects: usize| {
         all.iter()
             .copied()
@@ -785,10 +768,11 @@ async fn bench() {
                 figures.push(measure(&plan, contender, objects, empty_rss, restart).await);
             }
         }
-        all.extend(figures.into_iter().map(summarize));
+        all.extend(figures);
     }
-    print_table(&all);
-    print_aims(&all);
+    let summaries: Vec<Summary> = all.iter().map(|rounds| summarize(rounds)).collect();
+    print_table(&summaries);
+    print_aims(&summaries);
     // `KACTOR_BENCH_KEEP=1` keeps the contenders' logs.
     if std::env::var_os("KACTOR_BENCH_KEEP").is_some() {
         println!("the contenders' logs: {}", dir.display());

@@ -132,6 +132,31 @@ pub fn median_by<T>(rounds: &[T], key: impl Fn(&T) -> f64) -> (&T, f64, f64) {
     (order[(order.len() - 1) / 2], low, high)
 }
 
+/// A contender's rounds summed up: its median round by `seconds`, and the range of its rounds'
+/// seconds and CPU seconds.
+pub struct Summary<'a, T> {
+    pub median: &'a T,
+    pub rounds: usize,
+    pub seconds: (f64, f64),
+    pub cpu: (f64, f64),
+}
+
+/// The [`Summary`] of `rounds`, whose seconds and CPU seconds `seconds` and `cpu` read.
+pub fn summarize<T>(
+    rounds: &[T],
+    seconds: impl Fn(&T) -> f64,
+    cpu: impl Fn(&T) -> f64,
+) -> Summary<'_, T> {
+    let (median, low, high) = median_by(rounds, seconds);
+    let (_, cpu_low, cpu_high) = median_by(rounds, cpu);
+    Summary {
+        median,
+        rounds: rounds.len(),
+        seconds: (low, high),
+        cpu: (cpu_low, cpu_high),
+    }
+}
+
 /// Live heap bytes now.
 pub fn live_bytes() -> u64 {
     let live: i64 = COUNTER
