@@ -1594,16 +1594,7 @@ fn prepare_update(
     sub: Subresource,
 ) -> Value {
     if sub == Subresource::Status {
-        let mut updated = current.clone();
-        match object.get_mut("status").map(Value::take) {
-            Some(status) if !status.is_null() => updated["status"] = status,
-            _ => {
-                if let Some(map) = updated.as_object_mut() {
-                    map.remove("status");
-                }
-            }
-        }
-        return updated;
+        return with_status_of(current, object);
     }
     if rtype.has_status() {
         match current.get("status") {
@@ -1639,6 +1630,34 @@ fn prepare_update(
         }
     }
     object
+}
+
+/// `current` with the status of `written` (none where `written` has none, or a null one): all a write
+/// to `/status` may change. `written` is the request's body or the patched copy, already a whole copy
+/// of the object; it is kept, and only the top-level fields that differ from `current` are set back,
+/// so a write of the status alone copies the object once, not twice.
+fn with_status_of(current: &Value, written: Value) -> Value {
+    let (Value::Object(stored), Value::Object(mut object)) = (current, written) else {
+        // Both are objects wherever this is called (the store keeps objects; the writes check theirs).
+        return current.clone();
+    };
+    object.retain(|key, value| {
+        if key == "status" {
+            !value.is_null()
+        } else {
+            stored.contains_key(key)
+        }
+    });
+    for (key, value) in stored.iter().filter(|(key, _)| *key != "status") {
+        match object.get_mut(key) {
+            Some(mine) if mine == value => {}
+            Some(mine) => *mine = value.clone(),
+            None => {
+                object.insert(key.clone(), value.clone());
+            }
+        }
+    }
+    Value::Object(object)
 }
 
 /// The part of an object whose changes bump `metadata.generation`.
@@ -2161,5 +2180,107 @@ mod tests {
         assert!(
             matches!(state.since(&gr, state.rv() - 1), Since::Events(ref e, _) if e.len() == 1)
         );
+    }
+
+    /// The plain definition of a `/status` write: the stored object, its status replaced by the
+    /// written one, or removed where that has none or a null one.
+    fn status_written_plainly(current: &Value, written: &Value) -> Value {
+        let mut expected = current.clone();
+        match written.get("status") {
+            Some(status) if !status.is_null() => expected["status"] = status.clone(),
+            _ => {
+                expected.as_object_mut().unwrap().remove("status");
+            }
+        }
+        expected
+    }
+
+    #[test]
+    fn a_status_write_changes_only_the_status() {
+        let current = json!({
+            "apiVersion": "example.com/v1", "kind": "Widget",
+            "metadata": {"name": "w", "namespace": "default", "labels": {"a": "1"}, "resourceVersion": "7"},
+            "spec": {"size": 1},
+            "status": {"phase": "old"},
+        });
+        let writes = [
+            // A merge patch of the status alone: everything else as stored.
+            json!({"apiVersion": "example.com/v1", "kind": "Widget",
+                   "metadata": {"name": "w", "namespace": "default", "labels": {"a": "1"}, "resourceVersion": "7"},
+                   "spec": {"size": 1}, "status": {"phase": "new", "ready": true}}),
+            // Other fields changed, added and removed beside the status: none of that is kept.
+            json!({"apiVersion": "example.com/v2", "kind": "Widget",
+                   "metadata": {"name": "w", "labels": {"b": "2"}},
+                   "spec": {"size": 3}, "extra": [1, 2], "status": {"phase": "new"}}),
+            // A null status, and no status at all: the status goes.
+            json!({"metadata": {"name": "w"}, "status": null}),
+            json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}),
+            // A status of another type is the status written.
+            json!({"status": "odd", "other": {"x": null}}),
+        ];
+        for written in &writes {
+            assert_eq!(
+                with_status_of(&current, written.clone()),
+                status_written_plainly(&current, written),
+                "writing {written}"
+            );
+        }
+        let without_status = json!({"kind": "Widget", "metadata": {"name": "w"}, "spec": {}});
+        for written in &writes {
+            assert_eq!(
+                with_status_of(&without_status, written.clone()),
+                status_written_plainly(&without_status, written),
+                "writing {written} to an object without a status"
+            );
+        }
+    }
+
+    #[test]
+    fn a_status_patch_keeps_the_rest_of_the_object() {
+        let (mut state, gr) = setup();
+        let key: ObjKey = ("default".into(), "w".into());
+        let created = state
+            .create(
+                &gr,
+                Some("default"),
+                json!({"apiVersion": "example.com/v1", "kind": "Widget",
+                       "metadata": {"name": "w", "labels": {"a": "1"}}, "spec": {"size": 1}}),
+                Write::default(),
+            )
+            .unwrap();
+        let patched = state
+            .patch(
+                &gr,
+                &key,
+                PatchKind::Merge,
+                &json!({"metadata": {"labels": {"a": "2"}}, "spec": {"size": 5},
+                        "status": {"phase": "done"}}),
+                Subresource::Status,
+                Write::default(),
+            )
+            .unwrap();
+        assert_eq!(patched["status"], json!({"phase": "done"}));
+        assert_eq!(patched["spec"], created["spec"]);
+        assert_eq!(patched["metadata"]["labels"], created["metadata"]["labels"]);
+        assert_eq!(
+            patched["metadata"]["generation"],
+            created["metadata"]["generation"]
+        );
+        assert_ne!(
+            patched["metadata"]["resourceVersion"],
+            created["metadata"]["resourceVersion"]
+        );
+        let cleared = state
+            .patch(
+                &gr,
+                &key,
+                PatchKind::Merge,
+                &json!({"status": null}),
+                Subresource::Status,
+                Write::default(),
+            )
+            .unwrap();
+        assert!(cleared.get("status").is_none(), "{cleared}");
+        assert_eq!(cleared["spec"], created["spec"]);
     }
 }
