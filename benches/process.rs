@@ -649,11 +649,15 @@ fn print_aims(summaries: &[Summary]) {
             );
         }
         if let Some(kopf) = find(Contender::Kopf, kactor.objects) {
+            let (speed, thrift) = (rate(kactor) / rate(kopf), kopf.cpu / kactor.cpu);
             println!(
-                "{} objects: kactor {:.1}x Kopf's objects/s (aim 20x), {:.1}x less CPU (aim 10x)",
+                "{} objects: kactor {speed:.1}x Kopf's objects/s (aim 20x), {thrift:.1}x less CPU (aim 10x): {}",
                 kactor.objects,
-                rate(kactor) / rate(kopf),
-                kopf.cpu / kactor.cpu
+                if speed >= 20.0 && thrift >= 10.0 {
+                    "met"
+                } else {
+                    "NOT met"
+                }
             );
         }
     }
