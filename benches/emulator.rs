@@ -3,7 +3,8 @@
 //! Run by hand: `cargo bench --bench emulator` (optionally `-- OBJECTS CONCURRENCY`, default 20000 16);
 //! under `cargo test --all-targets` it makes a quick run of 200 objects instead.
 //! It prints, with a watcher attached throughout:
-//! * creates/s and merge-patches/s sustained by CONCURRENCY clients,
+//! * creates/s, merge-patches/s and merge-patches/s of `/status` (what an operator's results cost)
+//!   sustained by CONCURRENCY clients,
 //! * watch events/s delivered live (during the writes) and replayed from history to a late watcher,
 //! * bytes of resident memory per stored object (and the objects' average JSON size, for scale).
 //!
@@ -126,7 +127,7 @@ async fn main() {
     );
 
     let emulator = Emulator::builder()
-        .history_limit(objects * 3)
+        .history_limit(objects * 4)
         .start()
         .await
         .expect("emulator");
@@ -141,7 +142,7 @@ async fn main() {
     let watcher = spawn_watcher(
         api.clone(),
         start_rv.clone(),
-        objects as u64 * 2,
+        objects as u64 * 3,
         live.clone(),
     );
     let create_api = api.clone();
@@ -180,7 +181,23 @@ async fn main() {
         }
     })
     .await;
-    let writes_started = Instant::now() - creates - patches;
+    // Merge patches of `/status`, as an operator writes a handler's result.
+    let status_api = api.clone();
+    let status_patches = run_concurrently(objects, concurrency, move |i| {
+        let api = status_api.clone();
+        async move {
+            let patch = json!({"status": {"create_fn": {"message": "hello", "run": i}}});
+            api.patch_status(
+                &format!("w{i:06}"),
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            )
+            .await
+            .expect("status patch");
+        }
+    })
+    .await;
+    let writes_started = Instant::now() - creates - patches - status_patches;
     let last_live = watcher.await.expect("watcher");
     let live_elapsed = last_live.duration_since(writes_started);
 
@@ -190,7 +207,7 @@ async fn main() {
     let replay = spawn_watcher(
         api.clone(),
         start_rv.clone(),
-        objects as u64 * 2,
+        objects as u64 * 3,
         replayed.clone(),
     )
     .await
@@ -202,7 +219,7 @@ async fn main() {
     let counters: Vec<_> = (0..4).map(|_| Arc::new(AtomicU64::new(0))).collect();
     let handles: Vec<_> = counters
         .iter()
-        .map(|c| spawn_watcher(api.clone(), start_rv.clone(), objects as u64 * 2, c.clone()))
+        .map(|c| spawn_watcher(api.clone(), start_rv.clone(), objects as u64 * 3, c.clone()))
         .collect();
     for handle in handles {
         handle.await.expect("watcher");
@@ -231,20 +248,24 @@ async fn main() {
         rate(objects, patches)
     );
     println!(
+        "/status patches (1 watcher)      {}",
+        rate(objects, status_patches)
+    );
+    println!(
         "writes overall                   {}",
-        rate(objects * 2, creates + patches)
+        rate(objects * 3, creates + patches + status_patches)
     );
     println!(
         "watch events, live               {}",
-        rate(objects * 2, live_elapsed)
+        rate(objects * 3, live_elapsed)
     );
     println!(
         "watch events, replay (1 watcher) {}",
-        rate(objects * 2, replay_elapsed)
+        rate(objects * 3, replay_elapsed)
     );
     println!(
         "watch events, replay (4 at once) {}",
-        rate(objects * 8, many_elapsed)
+        rate(objects * 12, many_elapsed)
     );
     println!(
         "list of all objects              {}",
