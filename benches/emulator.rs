@@ -95,6 +95,34 @@ where
     started.elapsed()
 }
 
+/// A merge patch of every object (`w000000`, ...), of its `/status` if `status`; the elapsed time.
+async fn patch_all(
+    api: &Api<DynamicObject>,
+    objects: usize,
+    concurrency: usize,
+    status: bool,
+    patch_of: fn(usize) -> serde_json::Value,
+) -> Duration {
+    let api = api.clone();
+    run_concurrently(objects, concurrency, move |i| {
+        let api = api.clone();
+        async move {
+            let (name, params, patch) = (
+                format!("w{i:06}"),
+                PatchParams::default(),
+                Patch::Merge(patch_of(i)),
+            );
+            let written = if status {
+                api.patch_status(&name, &params, &patch).await
+            } else {
+                api.patch(&name, &params, &patch).await
+            };
+            written.expect("merge patch");
+        }
+    })
+    .await
+}
+
 fn rate(count: usize, elapsed: Duration) -> String {
     format!(
         "{:>9.0}/s  ({count} in {:.2} s)",
@@ -164,38 +192,23 @@ async fn main() {
     }
     let heap_after = support::live_bytes();
 
-    // Merge patches, with the same watcher.
-    let patch_api = api.clone();
-    let patches = run_concurrently(objects, concurrency, move |i| {
-        let api = patch_api.clone();
-        async move {
-            let patch =
-                json!({"status": {"observed": i}, "metadata": {"labels": {"patched": "yes"}}});
-            api.patch(
-                &format!("w{i:06}"),
-                &PatchParams::default(),
-                &Patch::Merge(patch),
-            )
-            .await
-            .expect("patch");
-        }
-    })
+    // Merge patches, with the same watcher: of the main endpoint, then of `/status`, as an operator
+    // writes a handler's result.
+    let patches = patch_all(
+        &api,
+        objects,
+        concurrency,
+        false,
+        |i| json!({"status": {"observed": i}, "metadata": {"labels": {"patched": "yes"}}}),
+    )
     .await;
-    // Merge patches of `/status`, as an operator writes a handler's result.
-    let status_api = api.clone();
-    let status_patches = run_concurrently(objects, concurrency, move |i| {
-        let api = status_api.clone();
-        async move {
-            let patch = json!({"status": {"create_fn": {"message": "hello", "run": i}}});
-            api.patch_status(
-                &format!("w{i:06}"),
-                &PatchParams::default(),
-                &Patch::Merge(patch),
-            )
-            .await
-            .expect("status patch");
-        }
-    })
+    let status_patches = patch_all(
+        &api,
+        objects,
+        concurrency,
+        true,
+        |i| json!({"status": {"create_fn": {"message": "hello", "run": i}}}),
+    )
     .await;
     let writes_started = Instant::now() - creates - patches - status_patches;
     let last_live = watcher.await.expect("watcher");
